@@ -152,14 +152,19 @@ def rotation_grid(max_rotation: float, n_rotations: int) -> np.ndarray:
 
     With ``max_rotation >= 180`` the full circle is covered without repeating -180 = 180
     (``n_rotations`` angles ``k * 360 / n_rotations`` wrapped to ``[-180, 180)``, which include 0
-    and, when ``n_rotations`` is a multiple of 4, the quarter turns). Otherwise the end points are
-    included; an odd ``n_rotations`` includes 0.
+    and, when ``n_rotations`` is a multiple of 4, the quarter turns). Otherwise 0 is always on the
+    grid: an odd ``n_rotations`` spans ``[-max, max]`` with both end points; an even one uses the
+    spacing ``2 max / n_rotations`` from ``-max`` to ``max - spacing`` (the continuous refinement
+    still reaches ``+max``).
     """
     if n_rotations == 1 or max_rotation == 0:
         return np.zeros(1)
     if max_rotation >= 180.0:
         return np.sort(wrap_degrees(np.arange(n_rotations) * (360.0 / n_rotations)))
-    return np.linspace(-max_rotation, max_rotation, n_rotations)
+    if n_rotations % 2:
+        return np.linspace(-max_rotation, max_rotation, n_rotations)
+    step = 2.0 * max_rotation / n_rotations
+    return (np.arange(n_rotations) - n_rotations // 2) * step
 
 
 def translation_grid(max_translation: float) -> np.ndarray:
