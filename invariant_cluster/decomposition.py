@@ -185,7 +185,7 @@ class KernelPCAAttention(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             )
         device = resolve_device(self.device)
         scale = 1.0 / math.sqrt(n_features) if self.scale is None else float(self.scale)
-        keys = torch.as_tensor(X, dtype=torch.float64, device=device)
+        keys = torch.tensor(X, dtype=torch.float64, device=device)
         sparse = torch.zeros_like(keys)
         if self.robust:
             from .attention import principal_attention_pursuit
@@ -203,9 +203,13 @@ class KernelPCAAttention(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         if self.n_components is None:
             m = int(keep.sum())
             if m == 0:
+                top = scale * float((X * X).sum(axis=1).max())
                 raise ValueError(
                     "X: the centred normalised Gram matrix of the keys has no eigenvalue above "
-                    f"the tolerance {tol:.3g} (are all keys identical?), X has shape {X.shape}"
+                    f"the tolerance {tol:.3g}, X has shape {X.shape}. Either the keys are all "
+                    "identical, or the scaled squared norms (up to s ||k||^2 = "
+                    f"{top:.3g}) are so large that K_phi underflows in float64; a smaller "
+                    "`scale` helps then"
                 )
         else:
             m = self.n_components
@@ -258,7 +262,7 @@ class KernelPCAAttention(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         A = A - A.mean(dim=0)
         out = []
         for start in range(0, X.shape[0], _CHUNK):
-            q = torch.as_tensor(X[start : start + _CHUNK], device=device)
+            q = torch.tensor(X[start : start + _CHUNK], device=device)
             logits = self.scale_ * (q @ keys.T)
             log_gq = torch.logsumexp(logits, dim=1, keepdim=True)
             out.append((torch.exp(logits - log_gq - log_gk[None, :]) @ A).cpu().numpy())
