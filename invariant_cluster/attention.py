@@ -404,21 +404,25 @@ class VisionTransformer(nn.Module):
         self.attention = attention
         self.rpc_layers = rpc_layers if attention == "rpc" else ()
         n_tokens = (image_size[0] // patch_size) * (image_size[1] // patch_size) + 1
-        self.patch_embed = nn.Conv2d(in_channels, dim, patch_size, stride=patch_size)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, n_tokens, dim))
-        blocks = []
-        for i in range(depth):
-            if attention == "softmax":
-                attn = SoftmaxAttention(dim, num_heads)
-            elif i in self.rpc_layers:
-                attn = RPCAttention(dim, num_heads, n_iter=rpc_n_iter, lam=rpc_lam)
-            else:
-                attn = SymmetricAttention(dim, num_heads)
-            blocks.append(_Block(attn, dim, mlp_ratio))
-        self.blocks = nn.ModuleList(blocks)
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, num_classes)
+        # torch's layers draw their default initialisation from the global generator; fork it so
+        # that building a model leaves the global state as it was (reset_parameters then
+        # overwrites every weight from a local generator).
+        with torch.random.fork_rng(devices=[]):
+            self.patch_embed = nn.Conv2d(in_channels, dim, patch_size, stride=patch_size)
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+            self.pos_embed = nn.Parameter(torch.zeros(1, n_tokens, dim))
+            blocks = []
+            for i in range(depth):
+                if attention == "softmax":
+                    attn = SoftmaxAttention(dim, num_heads)
+                elif i in self.rpc_layers:
+                    attn = RPCAttention(dim, num_heads, n_iter=rpc_n_iter, lam=rpc_lam)
+                else:
+                    attn = SymmetricAttention(dim, num_heads)
+                blocks.append(_Block(attn, dim, mlp_ratio))
+            self.blocks = nn.ModuleList(blocks)
+            self.norm = nn.LayerNorm(dim)
+            self.head = nn.Linear(dim, num_classes)
         self.reset_parameters(random_state)
 
     @torch.no_grad()
