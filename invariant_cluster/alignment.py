@@ -89,25 +89,28 @@ def make_search_grid(group="se2", max_rotation=180.0, n_rotations=36, max_transl
 def _affine_grid(params: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """Sampling grid ``(B, H, W, 2)`` in normalised coordinates for SE(2) ``params``.
 
-    Maintenance note: this is the inverse map of :func:`transforms.se2_matrices`, built by
-    broadcasting. kornia's ``warp_affine`` builds the same grid with a batched 3x3 matrix
-    product that costs ~90% of a small-image warp on CPU; ``tests/test_alignment.py`` pins this
-    path equal to kornia's.
+    Maintenance note: this is the inverse map of :func:`transforms.se2_matrices`
+    (destination ``u`` -> source ``R^-1 (u - c - t) + c``) folded with the normalisation into one
+    ``(B, 2, 3)`` matrix, then applied to all pixels as ONE ``(HW, 3) @ (3, 2B)`` product. kornia's
+    ``warp_affine`` (like ``F.affine_grid``) does a batched ``3 x 3`` product per image, which costs
+    ~90% of a small-image warp on CPU; ``tests/test_alignment.py`` pins this path to kornia's.
     """
     dtype, device = params.dtype, params.device
+    n = params.shape[0]
     ang = params[:, 0] * (math.pi / 180.0)
-    cos, sin = torch.cos(ang)[:, None, None], torch.sin(ang)[:, None, None]
+    cos, sin = torch.cos(ang), torch.sin(ang)
     cx, cy = (width - 1) / 2.0, (height - 1) / 2.0
-    ys = torch.arange(height, dtype=dtype, device=device)[None, :, None]
-    xs = torch.arange(width, dtype=dtype, device=device)[None, None, :]
-    # destination u -> source p = R^-1 (u - c - t) + c, R^-1 = [[cos, -sin], [sin, cos]]
-    wx = xs - cx - params[:, 1, None, None]
-    wy = ys - cy - params[:, 2, None, None]
-    px = cos * wx - sin * wy + cx
-    py = sin * wx + cos * wy + cy
-    gx = px * (2.0 / max(width - 1, 1)) - 1.0
-    gy = py * (2.0 / max(height - 1, 1)) - 1.0
-    return torch.stack([gx, gy], dim=-1)
+    sx, sy = 2.0 / max(width - 1, 1), 2.0 / max(height - 1, 1)
+    ox, oy = cx + params[:, 1], cy + params[:, 2]
+    bx = (-cos * ox + sin * oy + cx) * sx - 1.0
+    by = (-sin * ox - cos * oy + cy) * sy - 1.0
+    theta = torch.stack([torch.stack([cos * sx, -sin * sx, bx], 0),
+                         torch.stack([sin * sy, cos * sy, by], 0)], 1)  # (3, 2, B)
+    ys, xs = torch.meshgrid(torch.arange(height, dtype=dtype, device=device),
+                            torch.arange(width, dtype=dtype, device=device), indexing="ij")
+    base = torch.stack([xs.reshape(-1), ys.reshape(-1), torch.ones_like(xs).reshape(-1)], 1)
+    grid = base @ theta.permute(0, 2, 1).reshape(3, n * 2)  # (HW, B * 2)
+    return grid.reshape(height, width, n, 2).permute(2, 0, 1, 3)
 
 
 def fast_warp(images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
@@ -136,7 +139,10 @@ def warp_keys(Y: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
 
 
 def shift_images(X: torch.Tensor, shifts: np.ndarray) -> torch.Tensor:
-    """``S_-t x`` for every shift ``t``: ``(b, C, H, W) -> (b, S, C*H*W)``, ``(S_-t x)(v) = x(v+t)``."""
+    """``S_-t x`` for every shift ``t``: ``(b, C, H, W) -> (b, S, C*H*W)``.
+
+    ``(S_-t x)(v) = x(v + t)``, zero outside the frame.
+    """
     b, c, h, w = X.shape
     if len(shifts) == 1 and not shifts[0].any():
         return X.reshape(b, 1, -1)

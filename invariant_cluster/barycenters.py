@@ -9,6 +9,7 @@ import torch
 
 from ._utils import resolve_device
 from .alignment import fast_warp, grid_search, make_search_grid, refine_alignments, to_images
+from .transforms import invert_se2
 
 __all__ = ["invariant_mean"]
 
@@ -27,8 +28,10 @@ def invariant_mean_tensor(X: torch.Tensor, w: torch.Tensor, grid, *, init=None, 
     mu = init
     n_iter = 0
     for n_iter in range(1, max_iter + 1):  # noqa: B007 - n_iter is returned
-        _, p = grid_search(mu[None], X, grid, batch_size=batch_size)
-        p = p[0]
+        # warp the one mean rather than all samples (R warps instead of n R): the best grid
+        # point of mu onto x_j, inverted, starts the refinement of x_j onto mu
+        _, p = grid_search(X, mu[None], grid, batch_size=batch_size)
+        p = invert_se2(p[:, 0])
         _, params = refine_alignments(mu.expand(n, *mu.shape), X, p, grid)
         new = (w[:, None, None, None] * fast_warp(X, params)).sum(0)
         move = float(torch.linalg.vector_norm(new - mu))
