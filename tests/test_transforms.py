@@ -18,6 +18,8 @@ from invariant_cluster.transforms import (
     translation_grid,
 )
 
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
 
 def _shift_zero_fill(img: np.ndarray, tx: int, ty: int) -> np.ndarray:
     """Content moved ``tx`` px right and ``ty`` px down, zeros coming in (np.roll + zero fill)."""
