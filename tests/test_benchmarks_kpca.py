@@ -1,0 +1,63 @@
+"""Smoke tests: each kernel-PCA benchmark runs with --quick and writes the expected JSON."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("INVARIANT_CLUSTER_DATA", ROOT / ".." / "shared" / "data")).resolve()
+
+
+def _have(*names):
+    files = ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+    return all((DATA / n / f).is_file() for n in names for f in files)
+
+
+def _run(script, out, *extra):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--no-plot",
+           "--data", str(DATA), "--out", str(out), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.skipif(not _have("mnist"), reason=f"MNIST not found under {DATA}")
+def test_kpca_diagnostics_quick(tmp_path):
+    stdout = _run("kpca_diagnostics.py", tmp_path)
+    assert "Projection loss per layer" in stdout and "Eigenvector check" in stdout
+    res = json.loads((tmp_path / "kpca_diagnostics.json").read_text())
+    assert {"config", "history", "projection_loss", "eigenvector_check", "claims",
+            "wall_s"} <= set(res)
+    layers = list(res["projection_loss"])
+    assert layers == ["layer 0", "layer 1", "layer 2", "layer 3"]
+    n_points = len(res["history"]["epoch"])
+    assert n_points == res["config"]["epochs"] + 1
+    for form in ("consistent", "official"):
+        entry = res["projection_loss"]["layer 0"][form]
+        assert set(entry) == {"mean_j_proj", "mean_phi_q_sq_norm", "mean_h_sq_norm", "loss"}
+        assert all(len(v) == n_points for v in entry.values())
+    for when in ("init", "trained"):
+        s = res["eigenvector_check"][when]["layer 0"]
+        assert {"abs_diff_mean", "random_abs_diff_mean", "rel_diff_mean", "eigenvalue",
+                "ratio_to_random"} <= set(s)
+    assert "eigvec_far_below_random" in res["claims"]["layer 0"]
+
+
+@pytest.mark.skipif(not _have("mnist", "fashion-mnist"), reason=f"data not found under {DATA}")
+def test_rpc_robustness_quick(tmp_path):
+    stdout = _run("rpc_robustness.py", tmp_path, "--datasets", "mnist", "fashion-mnist")
+    assert "RPC-SymViT" in stdout
+    res = json.loads((tmp_path / "rpc_robustness.json").read_text())
+    assert {"config", "runs", "summary", "seconds_per_model", "wall_s"} <= set(res)
+    assert set(res["summary"]) == {"mnist", "fashion-mnist"}
+    conds = res["summary"]["mnist"]
+    expected = {"clean"} | {f"noise sigma={s:g}" for s in res["config"]["sigmas"]} | {
+        f"{a} eps={e:g}" for a in ("fgsm", "pgd") for e in res["config"]["eps"]}
+    assert set(conds) == expected
+    assert {"SymViT_mean", "SymViT_std", "RPC-SymViT_mean", "RPC-SymViT_std", "diff_mean",
+            "diff_std"} <= set(conds["clean"])
+    assert all(0.0 <= v["SymViT_mean"] <= 1.0 for v in conds.values())
