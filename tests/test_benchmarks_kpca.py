@@ -38,13 +38,16 @@ def test_kpca_diagnostics_quick(tmp_path):
     assert n_points == res["config"]["epochs"] + 1
     for form in ("consistent", "official"):
         entry = res["projection_loss"]["layer 0"][form]
-        assert set(entry) == {"mean_j_proj", "mean_phi_q_sq_norm", "mean_h_sq_norm", "loss"}
+        assert {"mean_j_proj", "mean_phi_q_sq_norm", "mean_h_sq_norm", "median_j_proj",
+                "median_phi_q_sq_norm", "median_h_sq_norm", "fraction_negative_j",
+                "loss"} == set(entry)
         assert all(len(v) == n_points for v in entry.values())
     for when in ("init", "trained"):
         s = res["eigenvector_check"][when]["layer 0"]
         assert {"abs_diff_mean", "random_abs_diff_mean", "rel_diff_mean", "eigenvalue",
                 "ratio_to_random"} <= set(s)
-    assert "eigvec_far_below_random" in res["claims"]["layer 0"]
+    assert {"eigvec_far_below_random", "consistent_j_falls", "official_loss_falls",
+            "h_over_phi_final_means"} <= set(res["claims"]["layer 0"])
 
 
 @pytest.mark.skipif(not _have("mnist", "fashion-mnist"), reason=f"data not found under {DATA}")
