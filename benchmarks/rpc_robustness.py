@@ -102,7 +102,7 @@ def main(argv=None):
     add_common_arguments(parser)
     parser.add_argument("--datasets", nargs="+", default=["mnist", "fashion-mnist"])
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default 0 1 2")
-    parser.add_argument("--epochs", type=int, default=None, help="default 5 (quick: 1)")
+    parser.add_argument("--epochs", type=int, default=None, help="default 8 (quick: 1)")
     parser.add_argument("--sigmas", nargs="+", type=float, default=[0.1, 0.2, 0.3, 0.5])
     parser.add_argument("--eps", nargs="+", type=float, default=[0.02, 0.05, 0.1])
     parser.add_argument("--n-attack", type=int, default=None, help="default 500 (quick: 64)")
@@ -110,7 +110,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     quick = args.quick
     args.seeds = args.seeds if args.seeds is not None else ([0] if quick else [0, 1, 2])
-    args.epochs = args.epochs if args.epochs is not None else (1 if quick else 5)
+    args.epochs = args.epochs if args.epochs is not None else (1 if quick else 8)
     args.n_attack = args.n_attack if args.n_attack is not None else (64 if quick else 500)
     args.pgd_steps = args.pgd_steps if args.pgd_steps is not None else (3 if quick else 10)
     torch.set_num_threads(args.threads)

@@ -42,10 +42,10 @@ def _check_positive_int(value, name):
     return int(value)
 
 
-def _check_positive_real(value, name):
+def _check_positive_real(value, name, allow_inf=False):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected a positive real number, got {value!r}")
-    if not (math.isfinite(value) or value == math.inf) or value <= 0:
+    if not (math.isfinite(value) or (allow_inf and value == math.inf)) or value <= 0:
         raise ValueError(f"{name}: expected a positive real number, got {value!r}")
     return float(value)
 
@@ -139,7 +139,7 @@ def principal_attention_pursuit(
     if not K.is_floating_point() or not V.is_floating_point():
         raise TypeError(f"K, V: expected floating point tensors, got {K.dtype} and {V.dtype}")
     n_iter = _check_positive_int(n_iter, "n_iter")
-    lam = _check_positive_real(lam, "lam")
+    lam = _check_positive_real(lam, "lam", allow_inf=True)
     n, d = K.shape[-2], K.shape[-1]
     if scale is None:
         scale = 1.0 / math.sqrt(d)
@@ -286,7 +286,7 @@ class RPCAttention(SymmetricAttention):
     def __init__(self, dim, num_heads, n_iter=4, lam=4.0):
         super().__init__(dim, num_heads)
         self.n_iter = _check_positive_int(n_iter, "n_iter")
-        self.lam = _check_positive_real(lam, "lam")
+        self.lam = _check_positive_real(lam, "lam", allow_inf=True)
 
     def forward(self, x):
         _, k, v = self.compute_qkv(x)

@@ -81,7 +81,8 @@ class KernelPCAAttention(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     robust : bool, default=False
         Fit on the keys cleaned by Principal Attention Pursuit: the sparse part ``S`` found by
         :func:`invariant_cluster.attention.principal_attention_pursuit` (run with the keys as
-        their own values) is removed, ``keys_ = X - sparse_``.
+        their own values, ``mu = N n_features / (4 ||X||_1)``) is removed,
+        ``keys_ = X - sparse_``.
     n_iter : int, default=4
         PAP iterations when ``robust``.
     lam : float, default=4.0
