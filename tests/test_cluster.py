@@ -1,0 +1,507 @@
+"""Tests of InvariantAttentionClusterer: estimator checks, the paper's Figure 2, references, API."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from scipy.ndimage import zoom
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import adjusted_rand_score
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from invariant_cluster import (
+    InvariantAttentionClusterer,
+    invariant_attention_clustering,
+    invariant_distances,
+    warp_se2,
+)
+from invariant_cluster.datasets import load_digits_images, make_transformed_copies
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+# Every scikit-learn check passes (scikit-learn 1.9, kornia 0.9, torch 2.13, on the CPU), with
+# and without n_clusters, for both updates and with translations: nothing is expected to fail.
+EXPECTED_FAILED_CHECKS: dict[str, str] = {}
+
+
+@parametrize_with_checks(
+    [
+        InvariantAttentionClusterer(n_rotations=4, max_iter=5, device="cpu"),
+        InvariantAttentionClusterer(n_clusters=2, n_rotations=4, max_iter=5, max_translation=1,
+                                    update="fixed", device="cpu"),
+    ],
+    expected_failed_checks=lambda est: EXPECTED_FAILED_CHECKS,
+)
+def test_sklearn_compatible(estimator, check):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # max_iter=5 keeps the checks fast
+        check(estimator)
+
+
+# ----------------------------------------------------------------------------- data
+DIGITS = (0, 1, 2, 4)
+N_COPIES = 6
+
+
+def _digit_images(digits=DIGITS) -> np.ndarray:
+    """One scikit-learn digit per class, upsampled 8 -> 12 px (bilinear) and padded to 16 x 16."""
+    bunch = load_digits_images()
+    out = []
+    for d in digits:
+        img = bunch.images[np.flatnonzero(bunch.target == d)[0]].astype(np.float64)
+        out.append(np.pad(zoom(img, 1.5, order=1), 2))
+    return np.stack(out)
+
+
+@pytest.fixture(scope="module")
+def figure2():
+    """The paper's Figure 2 as data: 6 SE(2) copies of each of 4 different digits.
+
+    Angles uniform over the full circle, shifts uniform in +-1 px; float32 ``(24, 16, 16)``
+    and the group of each copy. The SE(2)-invariant distance separates the groups (largest
+    within-group distance about 2.5, smallest between-group distance about 5).
+    """
+    X, y = [], []
+    for c, img in enumerate(_digit_images()):
+        copies, _ = make_transformed_copies(img, N_COPIES, max_rotation=180.0, max_translation=1,
+                                            random_state=100 + c)
+        X.append(copies)
+        y += [c] * N_COPIES
+    return np.concatenate(X).astype(np.float32), np.array(y)
+
+
+FIG2_PARAMS = dict(max_translation=1, n_neighbors=N_COPIES, random_state=0, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def fitted(figure2):
+    """One fit on the Figure 2 data, shared by the API tests below."""
+    X, _ = figure2
+    est = InvariantAttentionClusterer(n_clusters=len(DIGITS), **FIG2_PARAMS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(X)
+    return est
+
+
+def _fit(X, **params):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return InvariantAttentionClusterer(**params).fit(X)
+
+
+# ----------------------------------------------------------------------------- Figure 2
+class TestFigure2:
+    def test_invariant_attention_recovers_the_groups(self, figure2, fitted):
+        _, y = figure2
+        assert fitted.n_clusters_ == len(DIGITS)
+        assert adjusted_rand_score(y, fitted.labels_) == 1.0
+        assert sorted(np.bincount(fitted.labels_)) == [N_COPIES] * len(DIGITS)
+
+    def test_plain_kernel_attention_does_not(self, figure2, fitted):
+        X, y = figure2
+        plain = _fit(X, n_clusters=len(DIGITS), group="none", **FIG2_PARAMS)
+        ari_plain = adjusted_rand_score(y, plain.labels_)
+        assert ari_plain < 0.8
+        assert adjusted_rand_score(y, fitted.labels_) - ari_plain > 0.2
+
+    def test_recovers_the_groups_without_n_clusters(self, figure2):
+        # each group collapses onto one invariant mean, so the modes are the groups
+        X, y = figure2
+        est = _fit(X, **FIG2_PARAMS)
+        assert est.n_clusters_ == len(DIGITS)
+        assert adjusted_rand_score(y, est.labels_) == 1.0
+
+    def test_recovers_the_groups_with_default_n_neighbors(self, figure2):
+        # n_neighbors=32 > n_samples=24: the defaults must still work on a small data set
+        X, y = figure2
+        est = _fit(X, n_clusters=len(DIGITS), max_translation=1, random_state=0, device="cpu")
+        assert adjusted_rand_score(y, est.labels_) == 1.0
+
+    def test_fixed_update_recovers_the_groups(self, figure2):
+        X, y = figure2
+        est = _fit(X, n_clusters=len(DIGITS), update="fixed", **FIG2_PARAMS)
+        assert adjusted_rand_score(y, est.labels_) == 1.0
+
+    def test_predict_on_training_data(self, figure2, fitted):
+        X, _ = figure2
+        agree = np.mean(fitted.predict(X) == fitted.labels_)
+        assert agree >= 0.9
+
+    def test_predict_new_copies(self, fitted):
+        # fresh transformed copies of the same digits go to the clusters of their digit
+        imgs = _digit_images()
+        new, y_new = [], []
+        for c, img in enumerate(imgs):
+            copies, _ = make_transformed_copies(img, 3, max_rotation=180.0, max_translation=1,
+                                                random_state=500 + c)
+            new.append(copies)
+            y_new += [c] * 3
+        pred = fitted.predict(np.concatenate(new).astype(np.float32))
+        assert adjusted_rand_score(y_new, pred) == 1.0
+
+    def test_alignments_warp_each_sample_onto_its_centre(self, figure2, fitted):
+        X, _ = figure2
+        centres = fitted.cluster_centers_.reshape(-1, 16, 16)[fitted.labels_].astype(np.float64)
+        Xd = X.astype(np.float64)
+        aligned = warp_se2(Xd, fitted.alignments_)
+        d_aligned = ((aligned - centres) ** 2).reshape(len(X), -1).sum(1)
+        d_plain = ((Xd - centres) ** 2).reshape(len(X), -1).sum(1)
+        assert fitted.alignments_.shape == (len(X), 3)
+        assert d_aligned.mean() < 0.25 * d_plain.mean()
+        assert np.all(d_aligned < 0.5 * (Xd ** 2).reshape(len(X), -1).sum(1))
+        # the alignment is (nearly) the best one: min_tau ||c - T_tau x||^2 on a finer search.
+        # (Not transform(), which warps the centre onto the sample: at 16 x 16 interpolation
+        # makes that direction about twice as far.)
+        C = fitted.cluster_centers_.reshape(-1, 16, 16).astype(np.float64)
+        d_best = invariant_distances(C, Xd, n_rotations=72, max_translation=1)
+        d_best = d_best[fitted.labels_, np.arange(len(X))]
+        assert np.all(d_aligned <= 1.5 * d_best + 0.01 * d_best.max())
+
+    def test_centres_are_invariant_means_of_their_members(self, figure2, fitted):
+        # fixed point: each centre is the average of its members aligned onto it
+        X, _ = figure2
+        aligned = warp_se2(X.astype(np.float64), fitted.alignments_).reshape(len(X), -1)
+        for c in range(fitted.n_clusters_):
+            avg = aligned[fitted.labels_ == c].mean(0)
+            centre = fitted.cluster_centers_[c]
+            assert np.linalg.norm(avg - centre) < 0.05 * np.linalg.norm(centre)
+
+
+# ----------------------------------------------------------------------------- references
+def _softmax_rows(a):
+    a = a - a.max(1, keepdims=True)
+    e = np.exp(a)
+    return e / e.sum(1, keepdims=True)
+
+
+def _sqdist(A, B):
+    return ((A[:, None, :] - B[None, :, :]) ** 2).sum(-1)
+
+
+class TestPlainKernelAttentionReference:
+    """group="none" is Gaussian (blurring) mean shift; checked against NumPy in float64."""
+
+    @pytest.mark.parametrize("n_iter", [1, 3])
+    def test_blurring_mean_shift(self, n_iter):
+        X = np.random.default_rng(0).random((10, 9))
+        bw = 0.6
+        M = X.copy()
+        for _ in range(n_iter):
+            M = _softmax_rows(-_sqdist(M, M) / (2 * bw ** 2)) @ M
+        est = _fit(X, group="none", bandwidth=bw, n_neighbors=10, max_iter=n_iter, tol=0.0,
+                   device="cpu")
+        assert est.n_iter_ == n_iter
+        np.testing.assert_allclose(est.invariant_means_, M, atol=1e-6)
+        np.testing.assert_allclose(est.bandwidth_, bw, rtol=1e-6)
+
+    @pytest.mark.parametrize("n_iter", [1, 3])
+    def test_fixed_mean_shift(self, n_iter):
+        X = np.random.default_rng(1).random((10, 9))
+        bw = 0.6
+        M = X.copy()
+        for _ in range(n_iter):
+            M = _softmax_rows(-_sqdist(M, X) / (2 * bw ** 2)) @ X
+        est = _fit(X, group="none", bandwidth=bw, n_neighbors=10, max_iter=n_iter, tol=0.0,
+                   update="fixed", device="cpu")
+        np.testing.assert_allclose(est.invariant_means_, M, atol=1e-6)
+
+    def test_auto_bandwidth_rule(self):
+        # docstring: sigma_i^2 = 0.1 * d_k(i), d_k(i) the squared distance from sample i to its
+        # n_neighbors-th nearest neighbour, itself not counted
+        X = np.random.default_rng(2).random((8, 25))
+        est = _fit(X, group="none", n_neighbors=3, max_iter=1, device="cpu")
+        d = np.sort(_sqdist(X, X), axis=1)[:, 1:]  # column 0 is the sample itself
+        np.testing.assert_allclose(est.bandwidth_ ** 2, 0.1 * d[:, 2], rtol=1e-5)
+
+    def test_attention_weights_and_neighbours(self):
+        X = np.random.default_rng(3).random((8, 16))
+        est = _fit(X, group="none", n_neighbors=4, bandwidth=0.5, max_iter=1, device="cpu")
+        assert est.neighbors_.shape == (8, 4) and est.attention_weights_.shape == (8, 4)
+        np.testing.assert_array_equal(est.neighbors_[:, 0], np.arange(8))  # itself first
+        np.testing.assert_allclose(est.attention_weights_.sum(1), 1.0, atol=1e-9)
+        assert np.all(est.attention_weights_ >= 0)
+
+    def test_none_equals_no_transformations(self, figure2):
+        X, _ = figure2
+        a = _fit(X, n_clusters=3, group="none", n_neighbors=6, random_state=0, device="cpu")
+        b = _fit(X, n_clusters=3, group="se2", max_rotation=0.0, max_translation=0,
+                 n_neighbors=6, random_state=0, device="cpu")
+        np.testing.assert_array_equal(a.labels_, b.labels_)
+        np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, atol=1e-6)
+        np.testing.assert_array_equal(a.alignments_, 0.0)
+        np.testing.assert_array_equal(b.alignments_, 0.0)
+
+    def test_none_transform_is_squared_euclidean(self, figure2):
+        X, _ = figure2
+        X2 = X.reshape(len(X), -1).astype(np.float64)
+        est = _fit(X2, n_clusters=3, group="none", n_neighbors=6, device="cpu")
+        np.testing.assert_allclose(est.transform(X2), _sqdist(X2, est.cluster_centers_),
+                                   rtol=1e-6, atol=1e-9)
+
+
+# ----------------------------------------------------------------------------- API
+class TestAPI:
+    def test_fitted_attributes(self, figure2, fitted):
+        X, _ = figure2
+        n = len(X)
+        assert fitted.labels_.shape == (n,)
+        assert set(fitted.labels_) == set(range(fitted.n_clusters_))
+        assert fitted.cluster_centers_.shape == (fitted.n_clusters_, 256)
+        assert fitted.invariant_means_.shape == (n, 256)
+        assert fitted.alignments_.shape == (n, 3)
+        assert fitted.bandwidth_.shape == (n,) and np.all(fitted.bandwidth_ > 0)
+        assert fitted.n_features_in_ == 256
+        assert tuple(fitted.image_shape_) == (1, 16, 16)
+        assert 1 <= fitted.n_iter_ <= fitted.max_iter
+        assert len(fitted.history_) == fitted.n_iter_
+        for arr in (fitted.labels_, fitted.cluster_centers_, fitted.invariant_means_,
+                    fitted.alignments_, fitted.bandwidth_):
+            assert isinstance(arr, np.ndarray)
+
+    def test_transform(self, figure2, fitted):
+        X, _ = figure2
+        D = fitted.transform(X)
+        assert D.shape == (len(X), fitted.n_clusters_)
+        assert np.all(D >= 0)
+        np.testing.assert_array_equal(np.argmin(D, 1), fitted.predict(X))
+        assert D.dtype == np.float32
+
+    def test_same_random_state_same_result(self, figure2, fitted):
+        X, _ = figure2
+        other = _fit(X, n_clusters=len(DIGITS), **FIG2_PARAMS)
+        np.testing.assert_array_equal(other.labels_, fitted.labels_)
+        np.testing.assert_allclose(other.cluster_centers_, fitted.cluster_centers_, atol=1e-6)
+
+    def test_fit_predict_equals_labels(self, figure2, fitted):
+        X, _ = figure2
+        est = InvariantAttentionClusterer(n_clusters=len(DIGITS), **FIG2_PARAMS)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            labels = est.fit_predict(X)
+        np.testing.assert_array_equal(labels, est.labels_)
+        np.testing.assert_array_equal(labels, fitted.labels_)
+
+    def test_function_twin(self, figure2, fitted):
+        X, _ = figure2
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            centres, labels = invariant_attention_clustering(X, len(DIGITS), **FIG2_PARAMS)
+        np.testing.assert_array_equal(labels, fitted.labels_)
+        np.testing.assert_allclose(centres, fitted.cluster_centers_, atol=1e-6)
+
+    def test_pickle(self, figure2, fitted):
+        X, _ = figure2
+        restored = pickle.loads(pickle.dumps(fitted))
+        np.testing.assert_array_equal(restored.predict(X), fitted.predict(X))
+        np.testing.assert_allclose(restored.transform(X), fitted.transform(X), atol=1e-6)
+
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    def test_dtype_preserved(self, dtype):
+        X = np.random.default_rng(4).random((8, 6, 6)).astype(dtype)
+        est = _fit(X, n_rotations=4, n_neighbors=3, max_iter=3, device="cpu")
+        assert est.cluster_centers_.dtype == dtype
+        assert est.invariant_means_.dtype == dtype
+        assert est.transform(X).dtype == dtype
+
+    def test_integer_input(self):
+        X = (np.random.default_rng(5).random((8, 36)) * 5).astype(np.int64)
+        est = _fit(X, n_rotations=4, n_neighbors=3, max_iter=3, device="cpu")
+        assert est.labels_.shape == (8,)
+        assert np.issubdtype(est.cluster_centers_.dtype, np.floating)
+
+    def test_image_inputs_equal_flat_input(self, figure2):
+        X, _ = figure2
+        X = X[::2]  # 12 samples, 3 copies of each digit
+        params = dict(n_clusters=4, n_neighbors=3, n_rotations=12, max_translation=1,
+                      random_state=0, device="cpu")
+        flat = _fit(X.reshape(len(X), -1), image_shape=(16, 16), **params)
+        three = _fit(X, **params)
+        four = _fit(X[:, None], **params)
+        flat_default = _fit(X.reshape(len(X), -1), **params)  # 256 = 16 x 16, square
+        for other in (three, four, flat_default):
+            np.testing.assert_array_equal(other.labels_, flat.labels_)
+            np.testing.assert_allclose(other.cluster_centers_, flat.cluster_centers_, atol=1e-6)
+            np.testing.assert_allclose(other.alignments_, flat.alignments_, atol=1e-6)
+        # predict accepts every layout too
+        np.testing.assert_array_equal(three.predict(X), flat.predict(X.reshape(len(X), -1)))
+        np.testing.assert_array_equal(four.predict(X[:, None]), three.predict(X))
+
+    def test_non_square_and_multichannel_image_shape(self):
+        rng = np.random.default_rng(6)
+        X = rng.random((8, 2, 5, 7))
+        a = _fit(X, n_rotations=4, n_neighbors=3, max_iter=3, random_state=0, device="cpu")
+        b = _fit(X.reshape(8, -1), image_shape=(2, 5, 7), n_rotations=4, n_neighbors=3,
+                 max_iter=3, random_state=0, device="cpu")
+        assert tuple(a.image_shape_) == (2, 5, 7) and tuple(b.image_shape_) == (2, 5, 7)
+        np.testing.assert_array_equal(a.labels_, b.labels_)
+        np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, atol=1e-6)
+
+    def test_convergence_warning(self, figure2):
+        X, _ = figure2
+        with pytest.warns(ConvergenceWarning, match="max_iter"):
+            InvariantAttentionClusterer(max_iter=1, tol=0.0, **FIG2_PARAMS).fit(X)
+
+    def test_no_warning_when_converged(self):
+        # two tight, far apart groups converge in a few iterations
+        rng = np.random.default_rng(7)
+        X = np.concatenate([np.zeros((5, 16)), np.ones((5, 16))]) + 1e-3 * rng.random((10, 16))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ConvergenceWarning)
+            est = InvariantAttentionClusterer(group="none", n_neighbors=5, max_iter=100,
+                                              device="cpu").fit(X)
+        assert est.n_iter_ < 100
+        assert adjusted_rand_score([0] * 5 + [1] * 5, est.labels_) == 1.0
+
+    def test_update_fixed(self, figure2):
+        X, _ = figure2
+        est = _fit(X[::3], n_clusters=2, update="fixed", n_neighbors=4, n_rotations=8,
+                   max_iter=5, device="cpu")
+        assert est.labels_.shape == (8,) and est.n_clusters_ == 2
+        assert est.cluster_centers_.shape == (2, 256)
+
+    def test_read_only_input(self, figure2):
+        X, _ = figure2
+        X = X[::3].copy()
+        X.setflags(write=False)
+        # torch warns about non-writable arrays once per process: make it warn every time
+        warn_always = torch.is_warn_always_enabled()
+        torch.set_warn_always(True)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                est = InvariantAttentionClusterer(n_neighbors=3, n_rotations=4, max_iter=2,
+                                                  device="cpu").fit(X)
+                est.predict(X)
+        finally:
+            torch.set_warn_always(warn_always)
+
+    def test_torch_input(self, figure2, fitted):
+        X, _ = figure2
+        np.testing.assert_array_equal(fitted.predict(torch.as_tensor(X)), fitted.predict(X))
+
+    def test_input_not_modified(self, figure2):
+        X, _ = figure2
+        X = X[::3].copy()
+        X0 = X.copy()
+        _fit(X, n_neighbors=3, n_rotations=4, max_iter=2, device="cpu")
+        np.testing.assert_array_equal(X, X0)
+
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+    def test_cuda_matches_cpu(self, figure2, fitted):
+        X, _ = figure2
+        gpu = _fit(X, n_clusters=len(DIGITS), **{**FIG2_PARAMS, "device": "cuda"})
+        assert isinstance(gpu.cluster_centers_, np.ndarray)
+        assert adjusted_rand_score(gpu.labels_, fitted.labels_) == 1.0
+
+
+# ----------------------------------------------------------------------------- bad input
+class TestErrors:
+    def setup_method(self):
+        self.X = np.random.default_rng(8).random((6, 64))
+
+    @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+    def test_non_finite(self, bad):
+        X = self.X.copy()
+        X[2, 5] = bad
+        with pytest.raises(ValueError, match="X"):
+            InvariantAttentionClusterer(n_rotations=4).fit(X)
+        with pytest.raises(ValueError, match="X"):
+            InvariantAttentionClusterer(n_rotations=4).fit(X.reshape(6, 8, 8))
+
+    def test_non_finite_in_predict(self, fitted):
+        X = np.zeros((2, 256), dtype=np.float32)
+        X[0, 0] = np.nan
+        with pytest.raises(ValueError, match="X"):
+            fitted.predict(X)
+
+    @pytest.mark.parametrize("shape", [(0, 64), (0, 8, 8), (6, 0)])
+    def test_empty(self, shape):
+        with pytest.raises(ValueError, match="0 sample|0 feature|empty"):
+            InvariantAttentionClusterer(n_rotations=4).fit(np.zeros(shape))
+
+    def test_one_sample(self):
+        with pytest.raises(ValueError, match="1 sample"):
+            InvariantAttentionClusterer(n_rotations=4).fit(self.X[:1])
+
+    @pytest.mark.parametrize("image_shape", [(7, 7), (2, 8, 8), (8, 0), (65,)])
+    def test_wrong_image_shape(self, image_shape):
+        with pytest.raises(ValueError, match="image_shape"):
+            InvariantAttentionClusterer(n_rotations=4, image_shape=image_shape).fit(self.X)
+
+    def test_image_shape_of_wrong_type(self):
+        with pytest.raises((TypeError, ValueError), match="image_shape"):
+            InvariantAttentionClusterer(n_rotations=4, image_shape=64).fit(self.X)
+
+    def test_image_shape_disagrees_with_3d_input(self):
+        with pytest.raises(ValueError, match="image_shape"):
+            InvariantAttentionClusterer(n_rotations=4, image_shape=(7, 7)).fit(
+                self.X.reshape(6, 8, 8))
+
+    def test_predict_wrong_number_of_features(self, fitted):
+        with pytest.raises(ValueError, match="features"):
+            fitted.predict(np.zeros((3, 255), dtype=np.float32))
+        with pytest.raises(ValueError, match="features"):
+            fitted.transform(np.zeros((3, 15, 15), dtype=np.float32))
+
+    def test_predict_images_of_another_shape(self, fitted):
+        # 8 x 32 images have 256 pixels, like the 16 x 16 training images, but are not the same
+        with pytest.raises(ValueError, match="shape"):
+            fitted.predict(np.zeros((3, 8, 32), dtype=np.float32))
+
+    def test_predict_before_fit(self):
+        from sklearn.exceptions import NotFittedError
+
+        with pytest.raises(NotFittedError):
+            InvariantAttentionClusterer().predict(self.X)
+
+    def test_complex(self):
+        with pytest.raises((TypeError, ValueError), match="[Cc]omplex"):
+            InvariantAttentionClusterer(n_rotations=4).fit(self.X.astype(complex))
+        with pytest.raises((TypeError, ValueError), match="[Cc]omplex"):
+            InvariantAttentionClusterer(n_rotations=4).fit(self.X.reshape(6, 8, 8) + 0j)
+
+    def test_object_dtype_of_strings(self):
+        X = np.full((6, 64), "a", dtype=object)
+        with pytest.raises((TypeError, ValueError), match="string|float|X"):
+            InvariantAttentionClusterer(n_rotations=4).fit(X)
+
+    def test_object_dtype_of_numbers_3d(self):
+        # scikit-learn accepts object arrays of numbers (check_dtype_object); so must 3-D input
+        X = self.X.reshape(6, 8, 8).astype(object)
+        ref = _fit(self.X.reshape(6, 8, 8), n_rotations=4, n_neighbors=3, max_iter=2,
+                   random_state=0, device="cpu")
+        est = _fit(X, n_rotations=4, n_neighbors=3, max_iter=2, random_state=0, device="cpu")
+        np.testing.assert_array_equal(est.labels_, ref.labels_)
+
+    @pytest.mark.parametrize("group", ["affine", "SE2", ""])
+    def test_unknown_group(self, group):
+        with pytest.raises(ValueError, match="group"):
+            InvariantAttentionClusterer(group=group).fit(self.X)
+
+    @pytest.mark.parametrize("param, value", [("update", "sometimes"), ("bandwidth", -1.0),
+                                              ("bandwidth", "scott"), ("n_neighbors", 0),
+                                              ("n_rotations", 0), ("max_rotation", -5.0),
+                                              ("max_translation", -1), ("tol", -1.0),
+                                              ("max_iter", -1), ("n_clusters", 0)])
+    def test_bad_parameters(self, param, value):
+        with pytest.raises(ValueError, match=param):
+            InvariantAttentionClusterer(**{param: value}).fit(self.X)
+
+    def test_bad_device(self):
+        with pytest.raises(ValueError, match="device"):
+            InvariantAttentionClusterer(n_rotations=4, device="not-a-device").fit(self.X)
+
+    def test_too_many_clusters(self):
+        with pytest.raises(ValueError, match="n_clusters"):
+            InvariantAttentionClusterer(n_clusters=7, n_rotations=4).fit(self.X)
+
+    @pytest.mark.parametrize("shape", [(64,), (6, 1, 1, 8, 8)])
+    def test_wrong_ndim(self, shape):
+        with pytest.raises(ValueError):
+            InvariantAttentionClusterer(n_rotations=4).fit(np.zeros(shape))
