@@ -326,29 +326,30 @@ def _claims(projection, eig_init, eig_trained):
     return out
 
 
+def _print_projection_table(proj, epochs, columns):
+    """Rows: each layer at epochs 0, 1, middle, last; ``columns``: (header, form, key, fmt)."""
+    print(f"{'layer':<9}{'epoch':>6}" + "".join(f"{c[0]:>12}" for c in columns))
+    for name, forms in proj.items():
+        for i in sorted({0, 1, len(epochs) // 2, len(epochs) - 1}):
+            print(f"{name:<9}{epochs[i]:>6}" + "".join(
+                f"{forms[form][key][i]:>12{fmt}}" for _, form, key, fmt in columns))
+
+
 def _print_tables(result):
     proj = result["projection_loss"]
     epochs = result["history"]["epoch"]
-    print("\nProjection loss per layer (mean over 2 fixed held-out batches, all heads)")
-    print(f"{'layer':<9}{'epoch':>6}{'J cons':>12}{'phi cons':>12}{'h^2':>12}"
-          f"{'J off':>12}{'phi off':>12}{'log J off':>11}")
-    for name, forms in proj.items():
-        c, o = forms["consistent"], forms["official"]
-        for i in sorted({0, 1, len(epochs) // 2, len(epochs) - 1}):
-            print(f"{name:<9}{epochs[i]:>6}{c['mean_j_proj'][i]:>12.4g}"
-                  f"{c['mean_phi_q_sq_norm'][i]:>12.4g}{c['mean_h_sq_norm'][i]:>12.4g}"
-                  f"{o['mean_j_proj'][i]:>12.4g}{o['mean_phi_q_sq_norm'][i]:>12.4g}"
-                  f"{o['loss'][i]:>11.4g}")
-    print("\nMedians over queries (the means above are dominated by a few queries)")
-    print(f"{'layer':<9}{'epoch':>6}{'J cons':>12}{'phi cons':>12}{'h^2':>12}{'J<0':>7}"
-          f"{'J off':>12}{'phi off':>12}")
-    for name, forms in proj.items():
-        c, o = forms["consistent"], forms["official"]
-        for i in sorted({0, 1, len(epochs) // 2, len(epochs) - 1}):
-            print(f"{name:<9}{epochs[i]:>6}{c['median_j_proj'][i]:>12.4g}"
-                  f"{c['median_phi_q_sq_norm'][i]:>12.4g}{c['median_h_sq_norm'][i]:>12.4g}"
-                  f"{c['fraction_negative_j'][i]:>7.2f}{o['median_j_proj'][i]:>12.4g}"
-                  f"{o['median_phi_q_sq_norm'][i]:>12.4g}")
+    terms = [("J {}", "j_proj"), ("phi {}", "phi_q_sq_norm"), ("h^2 {}", "h_sq_norm")]
+    for stat, note in (("mean", "mean over 2 fixed held-out batches, all heads"),
+                       ("median", "median over the same queries: the means are dominated by a "
+                                  "few queries")):
+        print(f"\nProjection loss per layer ({note})")
+        columns = [(h.format(form[:3]), form, f"{stat}_{key}", ".4g")
+                   for form in ("consistent", "official") for h, key in terms]
+        if stat == "mean":
+            columns.append(("log J off", "official", "loss", ".4g"))
+        else:
+            columns.append(("J<0 cons", "consistent", "fraction_negative_j", ".2f"))
+        _print_projection_table(proj, epochs, columns)
     print("\nEigenvector check (medians over images, heads and components)")
     print(f"{'layer':<9}{'when':>8}{'|dgamma|':>12}{'random':>12}{'ratio':>9}"
           f"{'rel':>9}{'rel rand':>9}{'N lambda':>12}")

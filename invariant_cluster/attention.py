@@ -167,7 +167,10 @@ def principal_attention_pursuit(
 
 
 class _MultiHeadBase(nn.Module):
-    """Shared bookkeeping: width, heads, scale, output projection and head merging."""
+    """Shared bookkeeping: width, heads, scale, output projection, head merging; softmax forward.
+
+    Subclasses define ``compute_qkv``; ``forward`` uses it.
+    """
 
     def __init__(self, dim, num_heads):
         super().__init__()
@@ -193,6 +196,11 @@ class _MultiHeadBase(nn.Module):
     def _merge(self, t):
         b, _, n, _ = t.shape
         return self.proj(t.transpose(1, 2).reshape(b, n, self.dim))
+
+    def forward(self, x):
+        """``softmax(s q k^T) v`` of ``compute_qkv(x)``, heads merged and projected."""
+        q, k, v = self.compute_qkv(x)
+        return self._merge(F.scaled_dot_product_attention(q, k, v, scale=self.scale))
 
     def extra_repr(self):
         return f"dim={self.dim}, num_heads={self.num_heads}"
@@ -223,10 +231,6 @@ class SoftmaxAttention(_MultiHeadBase):
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         return self._split(q), self._split(k), self._split(v)
 
-    def forward(self, x):
-        q, k, v = self.compute_qkv(x)
-        return self._merge(F.scaled_dot_product_attention(q, k, v, scale=self.scale))
-
 
 class SymmetricAttention(_MultiHeadBase):
     """Multi-head symmetric softmax attention: queries equal keys (SymViT).
@@ -255,10 +259,6 @@ class SymmetricAttention(_MultiHeadBase):
         self._check_input(x)
         k = self._split(self.qk(x))
         return k, k, self._split(self.v(x))
-
-    def forward(self, x):
-        q, k, v = self.compute_qkv(x)
-        return self._merge(F.scaled_dot_product_attention(q, k, v, scale=self.scale))
 
 
 class RPCAttention(SymmetricAttention):
