@@ -1,4 +1,4 @@
-"""Shared fixtures: smooth test images and a small set of clearly different shapes."""
+"""Shared fixtures: smooth test images, and one torch thread for small-tensor tests."""
 
 from __future__ import annotations
 
@@ -32,40 +32,6 @@ def _smooth_images(n: int, size: int, seed: int = 0, channels: int | None = None
 def smooth_images():
     """Factory ``smooth_images(n, size, seed=0, channels=None) -> float64 ndarray``."""
     return _smooth_images
-
-
-def _shapes(size: int = 16) -> np.ndarray:
-    """Four clearly different, asymmetric binary shapes, float64, ``(4, size, size)``.
-
-    An "L", a "T", a "P"-like loop with a tail, and a diagonal "Z"-like stroke; none of them is
-    invariant under a nontrivial rotation, and their pixel masses differ.
-    """
-    s = size
-    out = np.zeros((4, s, s))
-    a, b = s // 4, s - s // 4  # the shapes live in the central [a, b) window
-    # "L": long vertical bar and a short foot to the right
-    out[0, a:b, a + 1] = 1.0
-    out[0, b - 1, a + 1:a + 5] = 1.0
-    # "T": a bar across the top and a stem
-    out[1, a, a:b] = 1.0
-    out[1, a:b, s // 2] = 1.0
-    # loop (a filled ring) with a tail
-    out[2, a:a + 5, a:a + 5] = 1.0
-    out[2, a + 1:a + 4, a + 1:a + 4] = 0.0
-    out[2, a + 5:b, a] = 1.0
-    # "Z"-like: top bar, diagonal, bottom bar, plus a dot that breaks the 180-degree symmetry
-    out[3, a, a:b] = 1.0
-    out[3, b - 1, a:b] = 1.0
-    for i in range(b - a):
-        out[3, a + i, b - 1 - i] = 1.0
-    out[3, s // 2, a] = 1.0
-    return out
-
-
-@pytest.fixture
-def shapes():
-    """Factory ``shapes(size=16) -> (4, size, size)`` float64 binary images."""
-    return _shapes
 
 
 @pytest.fixture(scope="module")
