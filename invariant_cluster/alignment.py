@@ -4,8 +4,9 @@ The search for ``min_tau ||x - T_tau y||^2`` over all pairs is the whole cost of
 clustering, so it is organised as dense linear algebra, never as a Python loop over pairs:
 
 1. every key ``y_j`` is warped once per grid angle (one batched warp, ``n_y x R`` images);
-2. integer translations are moved onto the queries: with zero padding
-   ``<x, S_t z> = <S_-t x, z>`` exactly, so each query is shifted ``S`` times (a slice);
+2. integer translations are moved onto the queries: each rotated key lives on a canvas with a
+   margin of ``max |shift|`` pixels, and ``<x, T y> = <P_(m-t) x, Z>`` exactly, so each query is
+   placed ``S`` times on a zero canvas (see :func:`shift_images`);
 3. all inner products ``<S_-t x_i, R_r y_j>`` are ONE matrix product per block,
    ``(b S, F) @ (F, c R)``; with ``||S_t z||^2`` (the energy of ``z`` that stays in the frame,
    an ``(n_y, R, S)`` table) this gives every grid distance, and a min over ``(S, R)`` the best
@@ -123,8 +124,21 @@ def fast_warp(images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
                          align_corners=True)
 
 
-def warp_keys(Y: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Every image rotated by every angle: ``(n, C, H, W) -> (n, R, C*H*W)``."""
+def shift_margin(shifts: np.ndarray) -> int:
+    """The canvas margin ``m = max |shift|`` that the shifted search needs."""
+    return int(np.abs(shifts).max()) if len(shifts) else 0
+
+
+def warp_keys(Y: torch.Tensor, angles: torch.Tensor, pad: int = 0) -> torch.Tensor:
+    """Every image rotated by every angle onto a canvas with a margin of ``pad`` pixels.
+
+    ``(n, C, H, W) -> (n, R, C (H + 2 pad) (W + 2 pad))``. The rotation is about the image's own
+    centre (the canvas is padded symmetrically), and what a rotation moves outside ``H x W`` but
+    inside the margin is kept, so that a later shift by at most ``pad`` pixels brings it back
+    exactly as one ``warp_se2`` with the composed transformation would.
+    """
+    if pad:
+        Y = F.pad(Y, (pad, pad, pad, pad))
     n = Y.shape[0]
     R = angles.shape[0]
     out = torch.empty((n, R, Y[0].numel()), dtype=Y.dtype, device=Y.device)
@@ -139,28 +153,31 @@ def warp_keys(Y: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
 
 
 def shift_images(X: torch.Tensor, shifts: np.ndarray) -> torch.Tensor:
-    """``S_-t x`` for every shift ``t``: ``(b, C, H, W) -> (b, S, C*H*W)``.
+    """Each query placed on the search canvas once per shift: ``(b, S, C (H+2m) (W+2m))``.
 
-    ``(S_-t x)(v) = x(v + t)``, zero outside the frame.
+    Maintenance note: with ``Z`` a key rotated onto the canvas (margin ``m``, see
+    :func:`warp_keys`), ``warp_se2(y, (angle, t))(u) = Z(u + m - t)`` exactly, so
+    ``<x, T y> = <P_(m - t) x, Z>`` where ``P_o`` places ``x`` at offset ``o`` of a zero canvas.
+    Moving the shift onto the query keeps all shifts and angles in ONE matrix product.
     """
     b, c, h, w = X.shape
-    if len(shifts) == 1 and not shifts[0].any():
+    m = shift_margin(shifts)
+    if m == 0:
         return X.reshape(b, 1, -1)
-    m = int(np.abs(shifts).max())
-    P = F.pad(X, (m, m, m, m))
-    out = torch.stack([P[:, :, m + ty:m + ty + h, m + tx:m + tx + w] for tx, ty in shifts], 1)
+    out = X.new_zeros((b, len(shifts), c, h + 2 * m, w + 2 * m))
+    for s, (tx, ty) in enumerate(shifts):
+        out[:, s, :, m - ty:m - ty + h, m - tx:m - tx + w] = X
     return out.reshape(b, len(shifts), -1)
 
 
 def shift_energies(Kw: torch.Tensor, shifts: np.ndarray, shape) -> torch.Tensor:
-    """``||S_t z||^2`` (the energy of ``z`` that stays in the frame) per shift: ``(n, R, S)``."""
+    """``||T y||^2`` per grid point: the energy of the canvas ``Z`` in the ``H x W`` window at
+    offset ``m - t`` (what the shift brings into the frame). ``Kw`` from :func:`warp_keys` with
+    ``pad = m``; ``shape`` is the original ``(C, H, W)``; returns ``(n, R, S)``."""
     c, h, w = shape
-    sq = (Kw * Kw).reshape(*Kw.shape[:2], c, h, w).sum(2)  # (n, R, H, W)
-    out = []
-    for tx, ty in shifts:
-        x0, x1 = max(0, -tx), w - max(0, tx)
-        y0, y1 = max(0, -ty), h - max(0, ty)
-        out.append(sq[:, :, y0:y1, x0:x1].sum((-1, -2)))
+    m = shift_margin(shifts)
+    sq = (Kw * Kw).reshape(*Kw.shape[:2], c, h + 2 * m, w + 2 * m).sum(2)  # (n, R, Hp, Wp)
+    out = [sq[:, :, m - ty:m - ty + h, m - tx:m - tx + w].sum((-1, -2)) for tx, ty in shifts]
     return torch.stack(out, -1)
 
 
@@ -206,7 +223,8 @@ def grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k=None,
     """
     n_x, n_y = X.shape[0], Y.shape[0]
     shape = tuple(X.shape[1:])
-    nf = X[0].numel()
+    m = shift_margin(grid.shifts)
+    nf = X.shape[1] * (X.shape[2] + 2 * m) * (X.shape[3] + 2 * m)  # canvas size
     device, dtype = X.device, X.dtype
     angles = torch.as_tensor(grid.angles, dtype=dtype, device=device)
     shifts_t = torch.as_tensor(grid.shifts, dtype=dtype, device=device)
@@ -222,7 +240,7 @@ def grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k=None,
         index = torch.zeros((n_x, k), dtype=torch.long, device=device)
     kc = _key_chunk_size(n_y, nf, grid)
     for k0 in range(0, n_y, kc):
-        Kw = warp_keys(Y[k0:k0 + kc], angles)  # (c, R, F)
+        Kw = warp_keys(Y[k0:k0 + kc], angles, pad=m)  # (c, R, F)
         c = Kw.shape[0]
         E = shift_energies(Kw, grid.shifts, shape).permute(1, 2, 0)  # (R, S, c)
         Kflat = Kw.reshape(c * R, nf)

@@ -24,7 +24,11 @@ def invariant_mean_tensor(X: torch.Tensor, w: torch.Tensor, grid, *, init=None, 
     if init is None:
         # weighted medoid under the invariant distance: a start that is one of the samples
         D, _ = grid_search(X, X, grid, batch_size=batch_size)
-        init = X[int(torch.argmin(D @ w))]
+        score = D @ w
+        # near-ties (transformed copies of one image) go to the heaviest sample
+        energy = float((X.reshape(n, -1) ** 2).sum(1).mean())
+        tie = score <= score.min() + 1e-5 * max(energy, 1e-12)
+        init = X[int(torch.argmax(torch.where(tie, w, torch.full_like(w, -1.0))))]
     mu = init
     n_iter = 0
     for n_iter in range(1, max_iter + 1):  # noqa: B007 - n_iter is returned

@@ -36,18 +36,18 @@ __all__ = ["InvariantAttentionClusterer", "invariant_attention_clustering"]
 _AUTO_FACTOR = 0.1
 # Converged means closer than this times the smaller of their two sigma^2 are one mode (as
 # scikit-learn's MeanShift merges modes within one bandwidth).
-_MODE_EPS = 1.0
+_MODE_EPS = 4.0
 
 
 def _to_2d(X, image_shape):
     """Flatten ``(n, H, W)``/``(n, C, H, W)`` input; return ``(X2d, image_shape or None)``."""
     if isinstance(X, torch.Tensor):
         X = X.detach().cpu().numpy()
-    if getattr(X, "ndim", 0) in (3, 4) and getattr(X, "dtype", None) is not np.dtype(object):
+    if getattr(X, "ndim", 0) in (3, 4):
         shape = tuple(X.shape[1:]) if X.ndim == 4 else (1, *X.shape[1:])
         if image_shape is not None:
             shape = resolve_image_shape(math.prod(shape), image_shape)
-        return np.asarray(X).reshape(X.shape[0], -1), shape
+        return np.asarray(X).reshape(X.shape[0], math.prod(X.shape[1:])), shape
     return X, None
 
 
@@ -76,8 +76,10 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
         Shifts searched within ``+-max_translation`` pixels (integer grid, then refined).
     bandwidth : "auto" or float, default="auto"
         "auto": a per-sample bandwidth ``sigma_i^2 = 0.1 * d_k(i)`` where ``d_k(i)`` is the
-        invariant squared distance from sample ``i`` to its ``n_neighbors``-th nearest neighbour
-        (itself not counted). A float is a global ``sigma`` (same units as the pixels).
+        invariant squared distance from sample ``i`` to its ``k``-th nearest neighbour (itself
+        not counted), ``k = min(n_neighbors, (n_samples - 1) // 4)`` (at least 1), so that on
+        small data sets the bandwidth stays inside a cluster. A float is a global ``sigma``
+        (same units as the pixels).
     n_neighbors : int, default=32
         Only the ``n_neighbors`` nearest keys (the query itself included) carry weight.
     update : {"blurring", "fixed"}, default="blurring"
@@ -85,7 +87,8 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
         "fixed": the keys stay at the samples (mean shift).
     max_iter : int, default=50
     tol : float, default=1e-4
-        Stop when the largest move of a mean, relative to the RMS norm of the samples, is below.
+        Stop when the largest move of a mean, ``max_i ||m_i(t+1) - m_i(t)|| / sigma_i``
+        (relative to its own bandwidth), is below ``tol``.
     refine : bool, default=True
         Refine the alignments continuously after the grid search.
     image_shape : tuple (H, W) or (C, H, W), optional
@@ -113,7 +116,7 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
         The ``sigma_i`` used for each sample.
     n_iter_ : int
     history_ : list of float
-        Largest relative move per iteration.
+        Largest move per iteration, ``max_i ||m_i(t+1) - m_i(t)|| / sigma_i``.
     neighbors_ : ndarray of shape (n_samples, n_neighbors)
         The keys each sample attended to in the last iteration (its own index first).
     attention_weights_ : ndarray of shape (n_samples, n_neighbors)
@@ -197,13 +200,16 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
                            ensure_min_samples=1 if not reset else 2)
         if reset:
             self.image_shape_ = shape or resolve_image_shape(X2.shape[1], self.image_shape)
-        elif shape is not None and math.prod(shape) == math.prod(self.image_shape_):
-            pass
+        elif shape is not None and tuple(shape) != tuple(self.image_shape_):
+            raise ValueError(
+                f"X: expected images of shape {tuple(self.image_shape_)} as in fit, got {shape}"
+            )
         return X2
 
     def _tensor(self, X2, device):
         dtype = torch.float64 if X2.dtype == np.float64 else torch.float32
-        return torch.as_tensor(X2, dtype=dtype, device=device).reshape(-1, *self.image_shape_)
+        # a copy: the input may be read-only, and the fit must never write into it
+        return torch.tensor(X2, dtype=dtype, device=device).reshape(-1, *self.image_shape_)
 
     def _log(self, msg):
         if self.verbose:
@@ -336,6 +342,12 @@ def _rms_scale(X: torch.Tensor) -> float:
     return s if s > 0 else 1.0
 
 
+def _bandwidth_neighbor(n_neighbors: int, n: int) -> int:
+    """Which neighbour sets the auto bandwidth: the n_neighbors-th, at most a quarter of the
+    other samples, so that on small data sets the bandwidth stays inside a cluster."""
+    return int(max(1, min(n_neighbors, (n - 1) // 4)))
+
+
 def _bandwidth2(d_k: torch.Tensor, bandwidth) -> torch.Tensor:
     """Per-sample sigma^2 from the distances to the k-th neighbour, or a global value."""
     if bandwidth != "auto":
@@ -445,8 +457,11 @@ def _iterate(Xt, grid, *, k, bandwidth, update, max_iter, tol, batch_size, gener
     composed = _ComposedMeans(Xt, L=max(2 * k, 8)) if update == "blurring" else None
     history = []
     # the first search is also the bandwidth's: the n_neighbors nearest keys, self included
-    D, idx, P = grid_search(M, Xt, grid, k=k, batch_size=batch_size)
-    sigma2 = _bandwidth2(D[:, -1] if k > 1 else D[:, 0], bandwidth) + jitter * scale ** 2
+    k_bw = _bandwidth_neighbor(k, n)
+    D, idx, P = grid_search(M, Xt, grid, k=max(k, k_bw + 1), batch_size=batch_size)
+    # D[:, 0] is the sample itself, so D[:, k_bw] is its k_bw-th nearest other sample
+    sigma2 = _bandwidth2(D[:, k_bw], bandwidth) + jitter * scale ** 2
+    D, idx, P = D[:, :k], idx[:, :k], P[:, :k]
     W = _softmax_weights(D, sigma2)
     for it in range(max_iter):
         if composed is not None:
@@ -454,7 +469,7 @@ def _iterate(Xt, grid, *, k, bandwidth, update, max_iter, tol, batch_size, gener
             new = composed.means()
         else:
             new = _gather_aligned(Xt, idx, P, W)
-        move = float((new - M).reshape(n, -1).norm(dim=1).max()) / scale
+        move = float(((new - M).reshape(n, -1).norm(dim=1) / sigma2.sqrt()).max())
         M = new
         history.append(move)
         keys = M if update == "blurring" else Xt

@@ -99,7 +99,12 @@ def warp_se2(images, params):
     from kornia.geometry.transform import warp_affine
 
     is_numpy = not isinstance(images, torch.Tensor)
-    x = torch.as_tensor(np.asarray(images)) if is_numpy else images
+    if is_numpy:
+        images = np.asarray(images)
+        if images.dtype == object or not (np.issubdtype(images.dtype, np.number)
+                                          or images.dtype == bool):
+            raise TypeError(f"images: expected a real numeric array, got dtype {images.dtype}")
+    x = torch.as_tensor(images) if is_numpy else images
     if x.is_complex() or not x.is_floating_point():
         if x.is_complex() or x.dtype == torch.bool:
             raise TypeError(f"images: expected a real floating dtype, got {x.dtype}")

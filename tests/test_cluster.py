@@ -212,11 +212,13 @@ class TestPlainKernelAttentionReference:
 
     def test_auto_bandwidth_rule(self):
         # docstring: sigma_i^2 = 0.1 * d_k(i), d_k(i) the squared distance from sample i to its
-        # n_neighbors-th nearest neighbour, itself not counted
-        X = np.random.default_rng(2).random((8, 25))
-        est = _fit(X, group="none", n_neighbors=3, max_iter=1, device="cpu")
-        d = np.sort(_sqdist(X, X), axis=1)[:, 1:]  # column 0 is the sample itself
-        np.testing.assert_allclose(est.bandwidth_ ** 2, 0.1 * d[:, 2], rtol=1e-5)
+        # k-th nearest neighbour, itself not counted, k = min(n_neighbors, (n - 1) // 4)
+        for n, n_neighbors in ((8, 3), (30, 3), (30, 20)):
+            X = np.random.default_rng(2).random((n, 25))
+            est = _fit(X, group="none", n_neighbors=n_neighbors, max_iter=1, device="cpu")
+            d = np.sort(_sqdist(X, X), axis=1)[:, 1:]  # column 0 is the sample itself
+            k = max(1, min(n_neighbors, (n - 1) // 4))
+            np.testing.assert_allclose(est.bandwidth_ ** 2, 0.1 * d[:, k - 1], rtol=1e-5)
 
     def test_attention_weights_and_neighbours(self):
         X = np.random.default_rng(3).random((8, 16))
