@@ -224,9 +224,7 @@ class KernelPCAAttention(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         evals, evecs, keep = evals[:m], evecs[:, :m], keep[:m]
         evecs, _ = svd_flip(evecs, None)
         evals = np.where(keep, evals, 0.0)
-        with np.errstate(divide="ignore"):
-            norm = np.where(keep, 1.0 / np.sqrt(n * np.where(keep, evals, 1.0)), 0.0)
-        A = evecs * norm
+        A = evecs * np.where(keep, 1.0 / np.sqrt(n * np.where(keep, evals, 1.0)), 0.0)
         log_g = log_g.cpu().numpy()
         self.eigenvalues_ = evals
         self.eigenvectors_ = A
