@@ -53,8 +53,9 @@ FILES = {"images": "t10k-images-idx3-ubyte.gz", "labels": "t10k-labels-idx1-ubyt
 
 # ----------------------------------------------------------------------------- shared helpers
 def default_data_dir() -> Path:
+    """``$INVARIANT_CLUSTER_DATA`` (its first entry, if a path list), else ``../shared/data``."""
     env = os.environ.get("INVARIANT_CLUSTER_DATA")
-    return Path(env) if env else (ROOT / ".." / "shared" / "data").resolve()
+    return Path(env.split(os.pathsep)[0]) if env else (ROOT / ".." / "shared" / "data").resolve()
 
 
 def read_idx(path: Path) -> np.ndarray:

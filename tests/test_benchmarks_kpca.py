@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("INVARIANT_CLUSTER_DATA", ROOT / ".." / "shared" / "data")).resolve()
+_ENV = os.environ.get("INVARIANT_CLUSTER_DATA")
+DATA = (Path(_ENV.split(os.pathsep)[0]) if _ENV else ROOT / ".." / "shared" / "data").resolve()
 
 
 def _have(*names):
