@@ -1,0 +1,91 @@
+"""The block computations on dask.distributed give the same numbers as in this process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from invariant_cluster._dask import blocked_map, resolve_client
+from invariant_cluster.alignment import make_search_grid
+from invariant_cluster.neighbors import candidate_search, neighbor_search
+
+distributed = pytest.importorskip("distributed")
+
+
+def _square_plus(block, offset):
+    return block * block + offset
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=":0") as cluster:
+        with distributed.Client(cluster) as c:
+            yield c
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(40, 1, 12, 12, generator=g)
+    grid = make_search_grid("se2", 45.0, 5, 1, refine=False)
+    return X, grid
+
+
+def test_local_map_without_client():
+    assert resolve_client(None) is None
+    assert blocked_map(_square_plus, [1, 2, 3], shared=(10,)) == [11, 14, 19]
+    assert blocked_map(_square_plus, [], shared=(10,)) == []
+
+
+def test_resolve_client_type_error():
+    with pytest.raises(TypeError, match="client"):
+        resolve_client(object())
+
+
+def test_blocked_map_order(client):
+    blocks = list(range(12))
+    assert blocked_map(_square_plus, blocks, shared=(1,), client=client) == [
+        b * b + 1 for b in blocks
+    ]
+
+
+def test_neighbor_search_identical_on_cluster(client):
+    X, grid = _data()
+    ref = neighbor_search(X, X, grid, k=5, n_candidates=15, batch_size=6)
+    out = neighbor_search(X, X, grid, k=5, n_candidates=15, batch_size=6, client=client)
+    for a, b in zip(ref, out):
+        assert torch.equal(a, b)
+
+
+def test_joblib_dask_backend_is_used(client, monkeypatch):
+    joblib = pytest.importorskip("joblib")
+    import invariant_cluster._dask as dk
+
+    X, grid = _data()
+    cand = torch.arange(40).expand(40, 40)
+    ref = candidate_search(X, X, cand, grid, k=4, batch_size=7)
+    seen = []
+    real = dk.resolve_client
+
+    def spy(c=None):
+        out = real(c)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(dk, "resolve_client", spy)
+    with joblib.parallel_config(backend="dask"):
+        out = candidate_search(X, X, cand, grid, k=4, batch_size=7)
+    assert seen and seen[-1] is client
+    for a, b in zip(ref, out):
+        assert torch.equal(a, b)
+
+
+def test_worker_processes():
+    X, grid = _data()
+    ref = neighbor_search(X, X, grid, k=3, n_candidates=10, batch_size=10)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster:
+        with distributed.Client(cluster) as c:
+            out = neighbor_search(X, X, grid, k=3, n_candidates=10, batch_size=10, client=c)
+    for a, b in zip(ref, out):
+        assert torch.equal(a, b)
