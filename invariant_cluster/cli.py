@@ -151,13 +151,15 @@ class _Progress:
 
 
 @contextmanager
-def _warnings_as_lines():
+def _warnings_as_lines(ignore=()):
     """Collect warnings and print each as one line on stderr (no source line, no traceback)."""
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         warnings.filterwarnings("ignore", category=DeprecationWarning)
+        for category in ignore:
+            warnings.filterwarnings("ignore", category=category)
         yield
     seen = set()
     for w in caught:
@@ -259,10 +261,14 @@ def _load_folder(path):
     return np.stack(images), [f.name for f in files]
 
 
+def _kind(path):
+    suffix = path.suffix.lower()
+    return {".npy": "a NumPy .npy file", ".npz": "a NumPy .npz archive"}.get(
+        suffix, "an IDX file")
+
+
 def _load_labels(path):
     import numpy as np
-
-    from .datasets import load_idx
 
     path = Path(path)
     if not path.is_file():
@@ -281,6 +287,8 @@ def _load_labels(path):
         if y.ndim != 1:
             raise UsageError(f"--labels {path}: expected one label per line")
     else:
+        from .datasets import load_idx
+
         y = load_idx(path)
     y = np.asarray(y)
     if y.ndim != 1:
@@ -318,23 +326,34 @@ def load_input(path, labels=None, image_shape=None):
     """
     import numpy as np
 
-    from .datasets import load_idx
-
     path = Path(path)
     names, y = None, None
     if not path.exists():
         raise UsageError(f"{path}: no such file or folder")
     if path.is_dir():
         array, names = _load_folder(path)
-    elif path.suffix.lower() == ".npy":
-        array = np.load(path, allow_pickle=False)
-    elif path.suffix.lower() == ".npz":
-        array, y = _load_npz(path)
     else:
-        array = load_idx(path)
+        try:
+            if path.suffix.lower() == ".npy":
+                array = np.load(path, allow_pickle=False)
+            elif path.suffix.lower() == ".npz":
+                array, y = _load_npz(path)
+            else:
+                from .datasets import load_idx
+
+                array = load_idx(path)
+        except (ValueError, OSError, EOFError) as exc:
+            msg = " ".join(str(exc).split())
+            if str(path) not in msg:
+                msg = f"{path}: cannot read it as {_kind(path)} ({msg})"
+            raise UsageError(msg) from None
     X = _as_images(array, path, image_shape)
     if labels is not None:
-        y = _load_labels(labels)
+        try:
+            y = _load_labels(labels)
+        except (ValueError, OSError, EOFError) as exc:
+            msg = " ".join(str(exc).split())
+            raise UsageError(f"--labels {labels}: cannot read it ({msg})") from None
     if y is not None:
         y = np.asarray(y).ravel() if np.asarray(y).ndim > 1 else np.asarray(y)
         if len(y) != len(X):
@@ -558,6 +577,7 @@ steps unless --n-rotations says otherwise."""
 
 _DEMO_N_DIGITS = 500   # 8 x 8 digits; keeps the default run well under 2 minutes on 2 CPU cores
 _DEMO_N_MNIST = 300    # 28 x 28 images cost about 12 times more per pair
+_DEMO_MAX_ITER = 15    # kernel attention alone would otherwise run its 50 iterations (minutes)
 
 
 def _demo_data(args):
@@ -628,20 +648,22 @@ def _cmd_demo(args):
             labels = KMeans(10, n_init=10, random_state=args.seed).fit_predict(X.reshape(n, -1))
             rows.append({"method": "k-means (pixels)", **clustering_scores(y, labels),
                          "seconds": time.perf_counter() - t0})
-        common = dict(n_clusters=10, random_state=args.seed, device=args.device,
-                      verbose=args.verbose)
-        if args.max_iter is not None:
-            common["max_iter"] = args.max_iter
+        from sklearn.exceptions import ConvergenceWarning
+
+        common = dict(n_clusters=10, max_iter=args.max_iter, random_state=args.seed,
+                      device=args.device, verbose=args.verbose)
         kernel = InvariantAttentionClusterer(group="none", **common)
         invariant = InvariantAttentionClusterer(group="rotation", max_rotation=search,
                                                 n_rotations=n_rot, **common)
         for method, est, stage in (("kernel attention", kernel, "kernel attention"),
                                    ("invariant attention", invariant, "invariant attention")):
-            with progress.stage(stage), _warnings_as_lines():
+            # the demo stops at --max-iter on purpose; "did not converge" would only confuse
+            with progress.stage(stage), _warnings_as_lines(ignore=[ConvergenceWarning]):
                 t0 = time.perf_counter()
                 est.fit(X)
                 rows.append({"method": method, **clustering_scores(y, est.labels_),
                              "seconds": time.perf_counter() - t0, "n_iter": int(est.n_iter_),
+                             "converged": bool(est.history_ and est.history_[-1] <= est.tol),
                              "n_clusters": int(est.n_clusters_)})
         with progress.stage("writing"):
             from .plotting import plot_invariant_means
@@ -658,6 +680,7 @@ def _cmd_demo(args):
                 "max_rotation": args.max_rotation,
                 "seed": args.seed,
                 "invariant_search": {"max_rotation": search, "n_rotations": n_rot},
+                "max_iter": args.max_iter,
                 "results": rows,
                 "environment": _environment(),
             }
@@ -706,8 +729,9 @@ def build_parser():
     d.add_argument("--n-rotations", type=_positive_int, metavar="R",
                    help="angles in invariant attention's rotation grid (default: about one "
                         "per 5 degrees)")
-    d.add_argument("--max-iter", type=_nonnegative_int, metavar="N",
-                   help="most attention iterations (default: the estimator's)")
+    d.add_argument("--max-iter", type=_nonnegative_int, default=_DEMO_MAX_ITER, metavar="N",
+                   help="most attention iterations of both attention methods (default: "
+                        f"{_DEMO_MAX_ITER}, as benchmarks/bench_clustering.py)")
     d.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     d.add_argument("--device", default="auto", metavar="DEV",
                    help="auto (default; a GPU when there is one), cpu, cuda or cuda:N")
