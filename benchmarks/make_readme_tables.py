@@ -1,0 +1,217 @@
+"""Markdown tables for the README from the JSON files in ``benchmarks/results/``.
+
+Each JSON file ``results/<name>.json`` becomes one section wrapped in the markers
+``<!-- bench:<name> -->`` ... ``<!-- /bench:<name> -->``. Known benchmarks (``clustering``,
+``alignment``, ``scaling``, ``kpca_diagnostics``, ``rpc_robustness``) get a dedicated table;
+any other file gets a generic one (its ``rows`` or ``sweep`` records, else its top-level
+numbers). Every section ends with the hardware the numbers were measured on, as the JSON
+records it.
+
+    python benchmarks/make_readme_tables.py                  # print every section
+    python benchmarks/make_readme_tables.py --update README.md
+        # replace the text between each pair of markers already in README.md (sections
+        # without markers there are listed, not inserted)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+# ---------------------------------------------------------------------------------- formatting
+def fmt(v, digits=3):
+    if isinstance(v, bool) or v is None:
+        return "" if v is None else ("yes" if v else "no")
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if v != v:  # NaN
+            return "n/a"
+        if v != 0 and (abs(v) >= 1e4 or abs(v) < 10 ** -digits):
+            return f"{v:.2e}"
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def md_table(header, rows, align=None):
+    """A markdown table; ``align``: one of 'l'/'r' per column (default: text left, else right)."""
+    if align is None:
+        first = rows[0] if rows else [""] * len(header)
+        align = ["l" if isinstance(c, str) and not _numeric(c) else "r" for c in first]
+    cells = [[(fmt(c) if not isinstance(c, str) else c).replace("|", "\\|") for c in r]
+             for r in rows]
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in cells]
+    return "\n".join(lines)
+
+
+def _numeric(s):
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def hardware(result):
+    """One line on where the numbers were measured, from ``env`` or ``config``."""
+    env = result.get("env") or result.get("environment") or {}
+    cfg = result.get("config") or result.get("args") or {}
+    parts = []
+    if env.get("cuda"):
+        parts.append(f"GPU {env['cuda']}")
+    if env.get("cpu_count"):
+        parts.append(f"{env['cpu_count']} CPU cores")
+    threads = env.get("torch_threads", cfg.get("threads"))
+    if threads:
+        parts.append(f"{threads} torch thread(s)")
+    if env.get("torch"):
+        parts.append(f"torch {env['torch']}")
+    if env.get("date"):
+        parts.append(env["date"])
+    wall = result.get("wall_s")
+    if isinstance(wall, (int, float)):
+        parts.append(f"wall time {wall:.0f} s")
+    return "Measured on: " + (", ".join(parts) if parts else "(not recorded in the JSON)") + "."
+
+
+# ------------------------------------------------------------------------------- per benchmark
+def table_clustering(r):
+    rows = r.get("rows", [])
+    out = []
+    for variant in dict.fromkeys(row.get("variant", "") for row in rows):
+        sub = [row for row in rows if row.get("variant", "") == variant]
+        n = sub[0].get("n", "")
+        out.append(f"**{variant}** (n = {n})\n")
+        out.append(md_table(
+            ["method", "ACC", "ARI", "NMI", "seconds"],
+            [[row["method"], row.get("acc", row.get("ACC")), row.get("ari", row.get("ARI")),
+              row.get("nmi", row.get("NMI")), row.get("seconds")] for row in sub]))
+        out.append("")
+    if "sweep" in r:
+        out.append(table_generic({"rows": r["sweep"]}))
+    return "\n".join(out).strip()
+
+
+def table_kpca(r):
+    claims = r.get("claims", {})
+    hist = r.get("history", {})
+    acc = hist.get("test_accuracy", [])
+    lines = []
+    if acc:
+        lines.append(f"ViT test accuracy after {len(acc) - 1} epoch(s): {fmt(acc[-1])}.\n")
+    keys = [("official_loss_falls", "official J_proj (log mean) falls"),
+            ("consistent_j_falls", "consistent J_proj falls"),
+            ("fraction_negative_j_final", "fraction of queries with J_proj < 0"),
+            ("h_over_phi_final_medians", "median ||h||^2 / ||varphi(q)||^2"),
+            ("eigvec_ratio_trained", "eigenvector check / random baseline (trained)"),
+            ("eigvec_rel_ratio_trained", "relative check / random baseline (trained)"),
+            ("eigvec_far_below_random", "eigenvector check far below random")]
+    layers = list(claims)
+    rows = [[label] + [claims[layer].get(k) for layer in layers]
+            for k, label in keys if any(k in claims[layer] for layer in layers)]
+    if rows:
+        lines.append(md_table(["quantity", *layers], rows, ["l"] + ["r"] * len(layers)))
+    return "\n".join(lines)
+
+
+def table_rpc(r):
+    out = []
+    summary = r.get("summary", {})
+    n_seeds = len(r.get("config", {}).get("seeds", [])) or "?"
+    for name, conds in summary.items():
+        out.append(f"**{name}** (accuracy, mean ± std over {n_seeds} seed(s); "
+                   "diff = RPC − Sym, paired by seed)\n")
+        rows = []
+        for cond, s in conds.items():
+            rows.append([cond,
+                         f"{s['SymViT_mean']:.3f} ± {s['SymViT_std']:.3f}",
+                         f"{s['RPC-SymViT_mean']:.3f} ± {s['RPC-SymViT_std']:.3f}",
+                         f"{s['diff_mean']:+.3f} ± {s['diff_std']:.3f}",
+                         f"{s['rpc_better_in_seeds']}/{s['rpc_worse_in_seeds']}"])
+        out.append(md_table(["condition", "SymViT", "RPC-SymViT", "diff", "RPC better/worse"],
+                            rows, ["l", "r", "r", "r", "r"]))
+        out.append("")
+    return "\n".join(out).strip()
+
+
+def table_generic(r):
+    for key in ("rows", "sweep", "results"):
+        rows = r.get(key)
+        if isinstance(rows, list) and rows and all(isinstance(x, dict) for x in rows):
+            cols = list(dict.fromkeys(k for x in rows for k, v in x.items()
+                                      if not isinstance(v, (dict, list))))
+            return md_table(cols, [[x.get(c) for c in cols] for x in rows])
+    scalars = [[k, v] for k, v in r.items()
+               if isinstance(v, (int, float, str, bool)) and k not in ("benchmark",)]
+    return md_table(["key", "value"], scalars, ["l", "r"]) if scalars else "(no table)"
+
+
+FORMATTERS = {
+    "clustering": table_clustering,
+    "kpca_diagnostics": table_kpca,
+    "rpc_robustness": table_rpc,
+}
+
+
+def section(name, result):
+    kind = result.get("benchmark", name)
+    body = FORMATTERS.get(kind, table_generic)(result)
+    return (f"<!-- bench:{name} -->\n"
+            f"_From `benchmarks/results/{name}.json`._\n\n{body}\n\n{hardware(result)}\n"
+            f"<!-- /bench:{name} -->")
+
+
+def sections(results_dir=RESULTS):
+    out = {}
+    for path in sorted(Path(results_dir).glob("*.json")):
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            print(f"skipping {path}: {exc}", file=sys.stderr)
+            continue
+        if isinstance(result, dict):
+            out[path.stem] = section(path.stem, result)
+    return out
+
+
+def update(readme, secs):
+    """Replace each ``<!-- bench:NAME -->...<!-- /bench:NAME -->`` block; return the text."""
+    text = Path(readme).read_text()
+    missing = []
+    for name, block in secs.items():
+        tag = re.escape(name)
+        pattern = re.compile(rf"<!-- bench:{tag} -->.*?<!-- /bench:{tag} -->", re.S)
+        if pattern.search(text):
+            text = pattern.sub(lambda _m, b=block: b, text)
+        else:
+            missing.append(name)
+    for name in missing:
+        print(f"{readme}: no markers for '{name}' (add <!-- bench:{name} --> "
+              f"<!-- /bench:{name} --> where its table belongs)", file=sys.stderr)
+    return text
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", default=str(RESULTS), help="folder of the JSON files")
+    p.add_argument("--update", metavar="README", help="rewrite the marked blocks of this file")
+    args = p.parse_args(argv)
+    secs = sections(args.results)
+    if args.update:
+        Path(args.update).write_text(update(args.update, secs))
+        print(f"updated {args.update}: {', '.join(secs) or 'nothing'}")
+    else:
+        print("\n\n".join(secs.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
