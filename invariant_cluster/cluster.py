@@ -37,6 +37,8 @@ _AUTO_FACTOR = 0.1
 # Converged means closer than this times the smaller of their two sigma^2 are one mode (as
 # scikit-learn's MeanShift merges modes within one bandwidth).
 _MODE_EPS = 4.0
+# Largest n for which the final linkage runs on every sample's mean (an n x n matrix).
+_FULL_LINKAGE_MAX = 12000
 
 
 def _to_2d(X, image_shape):
@@ -63,9 +65,11 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
     Parameters
     ----------
     n_clusters : int or None, default=None
-        None: clusters are the connected components of near-identical converged means.
-        An int: those modes are merged by size-weighted average linkage on the invariant distance
-        until ``n_clusters`` remain.
+        None: clusters are the connected components of converged means closer than two
+        bandwidths (``d_inv < 4 min(sigma_i^2, sigma_j^2)``).
+        An int: average linkage on the invariant distance between the converged means, cut at
+        ``n_clusters`` (every sample's mean is a point up to 12,000 samples; beyond, one
+        representative per mode weighted by the mode's size).
     group : {"se2", "rotation", "translation", "none"}, default="se2"
         "none" is plain kernel attention (Gaussian blurring mean shift), the baseline.
     max_rotation : float, default=180.0
@@ -131,8 +135,10 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
     to gather the aligned neighbours. Memory is ``O(n k + block)``. The alignment of each pair
     is the grid optimum during the iterations; the continuous refinement (``refine=True``)
     is applied to the final alignments, distances and centres, where its precision is visible.
-    The bandwidth rule, the mode tolerance (``d_inv < min(sigma_i^2, sigma_j^2)``) and the
-    size-weighted average linkage are this library's choices; the paper is silent on them.
+    The bandwidth rule, the mode tolerance and the final average linkage are this library's
+    choices; the paper is silent on them. On MNIST (n = 2000, +-45 degrees) average linkage on the
+    means reached ACC 0.77 where linking one representative per connected component reached 0.65
+    (components chain neighbouring digits) and complete linkage 0.44.
 
     Examples
     --------
@@ -371,9 +377,12 @@ def _gather_aligned(keys: torch.Tensor, idx: torch.Tensor, params: torch.Tensor,
     for r0 in range(0, n, rows):
         sl = slice(r0, r0 + rows)
         b = idx[sl].shape[0]
-        warped = fast_warp(keys[idx[sl].reshape(-1)], params[sl].reshape(-1, 3))
-        warped = warped.reshape(b, k, *keys.shape[1:])
-        out[sl] = (W[sl].reshape(b, k, *([1] * (keys.ndim - 1))) * warped).sum(1)
+        p = params[sl].reshape(-1, 3)
+        gathered = keys[idx[sl].reshape(-1)]
+        # the identity needs no interpolation (plain kernel attention, or exact self-alignments)
+        warped = fast_warp(gathered, p) if bool(p.any()) else gathered
+        out[sl] = torch.bmm(W[sl].reshape(b, 1, k).to(keys.dtype),
+                            warped.reshape(b, k, -1)).reshape(b, *keys.shape[1:])
     return out
 
 
@@ -454,7 +463,7 @@ def _iterate(Xt, grid, *, k, bandwidth, update, max_iter, tol, batch_size, gener
     # tie-breaking jitter, far below round-off relative to real distances
     jitter = torch.rand((n,), generator=generator, dtype=torch.float64).to(Xt) * 1e-12
     M = Xt.clone()
-    composed = _ComposedMeans(Xt, L=max(2 * k, 8)) if update == "blurring" else None
+    composed = _ComposedMeans(Xt, L=max(k, 8)) if update == "blurring" else None
     history = []
     # the first search is also the bandwidth's: the n_neighbors nearest keys, self included
     k_bw = _bandwidth_neighbor(k, n)
@@ -528,14 +537,29 @@ def _weighted_average_linkage(D: np.ndarray, sizes: np.ndarray, n_clusters: int)
 
 
 def _merge_modes(M, labels, modes, n_clusters, grid, batch_size, log):
-    """Merge the modes by size-weighted average linkage on the invariant distance."""
-    if len(modes) == n_clusters:
-        return labels
+    """Average linkage on the invariant distance between the converged means.
+
+    Up to ``_FULL_LINKAGE_MAX`` samples, every sample's mean is a point of the linkage (means of
+    one mode are at distance ~0, so they merge first): measured on MNIST this is far better than
+    linking one representative per mode, because connected components of means can chain two
+    digits together. Beyond that, one representative per mode, weighted by the mode's size.
+    """
+    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.spatial.distance import squareform
+
+    n = M.shape[0]
+    if n <= _FULL_LINKAGE_MAX:
+        D, _ = grid_search(M, M, grid, batch_size=batch_size)
+        D = torch.minimum(D, D.T).to(torch.float64).cpu().numpy()
+        np.fill_diagonal(D, 0.0)
+        Z = linkage(squareform(D, checks=False), method="average")
+        return fcluster(Z, n_clusters, criterion="maxclust") - 1
     if len(modes) < n_clusters:
-        # fewer modes than asked: split by linkage on the samples' means themselves
-        log(f"only {len(modes)} modes for n_clusters={n_clusters}: linking the means directly")
-        modes = [np.array([i]) for i in range(M.shape[0])]
-        labels = np.arange(M.shape[0])
+        raise ValueError(
+            f"n_clusters: invariant attention found only {len(modes)} modes among {n} samples, "
+            f"fewer than n_clusters={n_clusters}; use a smaller bandwidth or n_neighbors"
+        )
+    log(f"linking {len(modes)} mode representatives")
     reps = torch.stack([M[int(m[0])] for m in modes])
     D, _ = grid_search(reps, reps, grid, batch_size=batch_size)
     D = torch.minimum(D, D.T).cpu().numpy()
