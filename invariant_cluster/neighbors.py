@@ -4,20 +4,26 @@ The exact top-``k`` search (:func:`~invariant_cluster.alignment.grid_search` wit
 ``n_x n_y R S F`` multiply-adds (``R`` grid angles, ``S`` integer shifts, ``F`` pixels). Only the
 ``k`` nearest keys of each query matter, so the search is split in two:
 
-1. :func:`invariant_descriptors`: a cheap SE(2)-invariant vector per image (ring-wise magnitudes
-   of the angular Fourier transform), in the units of the squared image distance;
+1. descriptors (:func:`shortlist_descriptors`): the polar angular spectrum of every image
+   (rings about the centre, FFT over the angle, low frequencies), a linear compression to
+   ``d ~ 120`` values in which a rotation is a phase factor; the keys are described at a few
+   rotations (about every 15 degrees, :func:`steerable_descriptors`) and the queries at a few
+   shifts. :func:`invariant_descriptors` (the moduli: invariant to every rotation) is the
+   cheaper, less selective alternative;
 2. :func:`shortlist`: the ``n_candidates`` nearest keys of each query by descriptor distance
-   (``n_x n_y d`` in blocked matrix products, ``d`` a few hundred);
+   (the smallest over the copies; ``n_x n_y U V d`` multiply-adds in blocked matrix products);
 3. :func:`candidate_search`: the exact grid search restricted to each query's candidates
-   (``n_x n_candidates R S F``), same semantics and same numbers as ``grid_search``.
+   (``n_x n_candidates R S F``), with ``grid_search``'s semantics and numbers.
 
-:func:`neighbor_search` chains the three. With ``n_candidates`` a fixed multiple of ``k`` the
-expensive part is linear in ``n_y``; the shortlist is quadratic with a constant ``d / (R S F)``
-times smaller (about 1/30 for 28 x 28 images and 17 angles, 1/700 with +-2 px shifts).
+:func:`neighbor_search` chains them. With ``n_candidates`` a fixed multiple of ``k`` (default
+``4 k``) the exact part is linear in ``n_y``; the shortlist stays quadratic with a constant about
+``R S F / (U V d)`` times smaller than the exact search (~12 for 28 x 28 images and 17 angles,
+~35 with +-2 px shifts).
 
 Memory is bounded by blocks sized from the available memory (:func:`memory_budget`,
 :func:`block_elements`); a request that cannot fit fails early with :func:`check_fits`'s
-message. Query blocks may run on a dask cluster (``client=``, see :mod:`invariant_cluster._dask`).
+message. The blocks of the exact search may run on a dask cluster (``client=``, see
+:mod:`invariant_cluster._dask`), with identical results.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dask import blocked_map
-from .alignment import SearchGrid, shift_energies, shift_margin, warp_keys
+from .alignment import SearchGrid, fast_warp, shift_energies, shift_margin, warp_keys
 from .transforms import rotation_grid, translation_grid
 
 __all__ = [
@@ -40,6 +46,7 @@ __all__ = [
     "shortlist",
     "candidate_search",
     "neighbor_search",
+    "aligned_weighted_sum",
     "default_n_candidates",
     "memory_budget",
     "check_fits",
@@ -718,6 +725,57 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
     best = arg_all.gather(1, pos)
     params = torch.stack([angles[best // S], shifts_t[best % S, 0], shifts_t[best % S, 1]], -1)
     return dist, index, params
+
+
+def _weighted_block(block, keys):
+    """``sum_j W[i, j] warp(keys[idx[i, j]], params[i, j])`` for one block of rows (a task)."""
+    idx, params, W = block
+    b, k = idx.shape
+    warped = fast_warp(keys[idx.reshape(-1)], params.reshape(-1, 3)).reshape(b, k, -1)
+    return torch.bmm(W[:, None, :].to(warped.dtype), warped)[:, 0].reshape(b, *keys.shape[1:])
+
+
+def aligned_weighted_sum(keys: torch.Tensor, idx: torch.Tensor, params: torch.Tensor,
+                         W: torch.Tensor, *, batch_size=None, client=None) -> torch.Tensor:
+    """One attention step: ``out[i] = sum_j W[i, j] T_(params[i, j]) keys[idx[i, j]]``.
+
+    Row blocks are independent, so they run as :func:`~invariant_cluster._dask.blocked_map`
+    tasks on a dask cluster when ``client`` is given (or joblib's dask backend is active), with
+    the same result as here.
+
+    Parameters
+    ----------
+    keys : torch.Tensor of shape (n_y, C, H, W)
+    idx : torch.Tensor of shape (n, k), long
+    params : torch.Tensor of shape (n, k, 3)
+        ``(angle, tx, ty)`` warping each key onto its query (as :func:`candidate_search`).
+    W : torch.Tensor of shape (n, k)
+        Weights (rows usually sum to 1).
+    batch_size : int, optional
+        Rows per block (None: from the memory budget).
+    client : dask.distributed.Client, optional
+
+    Returns
+    -------
+    out : torch.Tensor of shape (n, C, H, W)
+    """
+    n, k = idx.shape
+    if params.shape != (n, k, 3) or W.shape != (n, k):
+        raise ValueError(f"idx, params, W: expected shapes (n, k), (n, k, 3), (n, k), got "
+                         f"{tuple(idx.shape)}, {tuple(params.shape)}, {tuple(W.shape)}")
+    batch_size = _check_int(batch_size, "batch_size", 1, allow_none=True)
+    nf = keys[0].numel()
+    if batch_size is None:
+        # the warped keys of a row and their sampling grids (2 coordinates per pixel)
+        per_row = max(1, 4 * k * nf)
+        batch_size = int(max(1, min(n, block_elements(keys.device, keys.element_size())
+                                    // per_row)))
+    blocks = [(idx[r:r + batch_size], params[r:r + batch_size], W[r:r + batch_size])
+              for r in range(0, n, batch_size)]
+    out = blocked_map(_weighted_block, blocks, shared=(keys,), client=client)
+    if not out:
+        return keys.new_zeros((0, *keys.shape[1:]))
+    return torch.cat([o.to(keys.device) for o in out], 0)
 
 
 def default_n_candidates(k, n_keys) -> int:

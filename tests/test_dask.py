@@ -57,6 +57,16 @@ def test_neighbor_search_identical_on_cluster(client):
         assert torch.equal(a, b)
 
 
+def test_attention_step_identical_on_cluster(client):
+    from invariant_cluster.neighbors import aligned_weighted_sum
+
+    X, grid = _data()
+    D, idx, P = neighbor_search(X, X, grid, k=4, n_candidates=12)
+    W = torch.softmax(-D, 1)
+    ref = aligned_weighted_sum(X, idx, P, W, batch_size=9)
+    assert torch.equal(ref, aligned_weighted_sum(X, idx, P, W, batch_size=9, client=client))
+
+
 def test_joblib_dask_backend_is_used(client, monkeypatch):
     joblib = pytest.importorskip("joblib")
     import invariant_cluster._dask as dk

@@ -285,3 +285,28 @@ class TestNeighborSearch:
         assert default_n_candidates(32, 10_000) == 128
         assert default_n_candidates(4, 10_000) == 64
         assert default_n_candidates(32, 50) == 50
+
+
+class TestAlignedWeightedSum:
+    def test_equals_pair_by_pair(self):
+        from invariant_cluster.neighbors import aligned_weighted_sum
+
+        g = torch.Generator().manual_seed(7)
+        keys = torch.rand(10, 2, 8, 8, generator=g, dtype=torch.float64)
+        idx = torch.randint(0, 10, (6, 3), generator=g)
+        params = torch.rand(6, 3, 3, generator=g, dtype=torch.float64) * 20 - 10
+        W = torch.softmax(torch.rand(6, 3, generator=g, dtype=torch.float64), 1)
+        out = aligned_weighted_sum(keys, idx, params, W, batch_size=4)
+        for i in range(6):
+            ref = sum(W[i, j] * fast_warp(keys[idx[i, j]][None], params[i, j][None])[0]
+                      for j in range(3))
+            assert torch.allclose(out[i], ref, rtol=1e-12, atol=1e-12)
+        assert out.shape == (6, 2, 8, 8)
+        assert torch.equal(out, aligned_weighted_sum(keys, idx, params, W))
+
+    def test_shape_error(self):
+        from invariant_cluster.neighbors import aligned_weighted_sum
+
+        with pytest.raises(ValueError, match="params"):
+            aligned_weighted_sum(torch.zeros(3, 1, 4, 4), torch.zeros((2, 2), dtype=torch.long),
+                                 torch.zeros(2, 3, 3), torch.zeros(2, 2))

@@ -1,0 +1,354 @@
+"""Scaling with n: the shortlisted neighbour search against the exact all-pairs search.
+
+MNIST test digits rotated uniformly within +-45 degrees (optionally also shifted within +-2 px),
+searched over +-60 degrees (17 angles). For every n:
+
+- the neighbour search of ONE attention iteration (k = 32 nearest keys of every sample):
+  descriptor shortlist (``shortlist_descriptors`` + ``shortlist``) then the exact search of the
+  candidates (``candidate_search``), and the exact all-pairs ``grid_search(k=32)`` where it
+  finishes (``--exact-max``); the recall of the exact top-k by the shortlisted search;
+- ``InvariantAttentionClusterer(n_clusters=10)``: fit time and ACC / NMI (up to
+  ``--estimator-max`` samples; when the estimator has a ``neighbor_search`` parameter it is run
+  with ``neighbor_search="shortlist"`` at every n);
+- scikit-learn's ``MeanShift`` (estimated bandwidth, bin seeding; up to ``--meanshift-max``) and
+  ``SpectralClustering`` (10 clusters, 32-NN affinity on the pixels; up to ``--spectral-max``);
+
+with wall time, the peak resident memory above the start of the measurement (psutil RSS sampled
+every 10 ms in a thread: torch's allocations are invisible to tracemalloc) and the log-log
+slope of time against n for each method. ``--recall`` instead measures the recall of the exact
+top-k against the shortlist length (the data behind ``neighbors.default_n_candidates``).
+
+    python benchmarks/bench_scaling.py                  # n = 500 ... 10000 (long on a laptop)
+    python benchmarks/bench_scaling.py --quick          # n = 200, 400: seconds
+    python benchmarks/bench_scaling.py --n 500 1000 2000 --out results/scaling_medium.json
+    python benchmarks/bench_scaling.py --recall         # n = 2000, 17 and 24 angles, +-2 px
+
+Writes ``benchmarks/results/scaling.json`` (``scaling_quick.json``, ``scaling_recall.json``) and
+a log-log PNG next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    RESULTS,
+    environment,
+    load_mnist_test,
+    print_table,
+    scores,
+    write_json,
+)
+
+from invariant_cluster import InvariantAttentionClusterer  # noqa: E402
+from invariant_cluster.alignment import grid_search, make_search_grid  # noqa: E402
+from invariant_cluster.datasets import make_transformed  # noqa: E402
+from invariant_cluster.neighbors import (  # noqa: E402
+    candidate_search,
+    default_n_candidates,
+    shortlist,
+    shortlist_descriptors,
+)
+
+K = 32
+
+
+# ----------------------------------------------------------------------------- measurement
+def _release_memory():
+    """Return freed heap pages to the OS, so that the next peak starts from a clean baseline."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the baseline includes retained memory
+        pass
+
+
+class PeakRSS:
+    """Peak resident memory (MB) above the value at entry, sampled in a background thread."""
+
+    def __init__(self, interval=0.01):
+        import psutil
+
+        self._proc = psutil.Process()
+        self.interval = interval
+        self.peak_mb = 0.0
+
+    def _run(self):
+        while not self._stop.is_set():
+            self._peak = max(self._peak, self._proc.memory_info().rss)
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        _release_memory()
+        self._base = self._proc.memory_info().rss
+        self._peak = self._base
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._peak = max(self._peak, self._proc.memory_info().rss)
+        self.peak_mb = (self._peak - self._base) / 2 ** 20
+        return False
+
+
+def timed(fn, *args, **kwargs):
+    """``(result, seconds, peak_mb)`` of one call."""
+    with PeakRSS() as mem:
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        seconds = time.perf_counter() - t0
+    return out, seconds, mem.peak_mb
+
+
+def make_data(images, labels, n, max_translation, seed):
+    rng = np.random.default_rng(seed)
+    sel = rng.choice(len(images), n, replace=False)
+    X, _ = make_transformed(images[sel], max_rotation=45.0, max_translation=max_translation,
+                            random_state=seed)
+    return X.astype(np.float32), labels[sel]
+
+
+def recall(true_idx: torch.Tensor, found_idx: torch.Tensor) -> float:
+    """Share of the exact top-k found (by key index; order and ties aside)."""
+    return float((found_idx[:, :, None] == true_idx[:, None, :]).any(1).double().mean())
+
+
+def pipeline(X, grid, k, n_candidates, descriptor="steerable"):
+    """One iteration's search: shortlist then exact search; returns results and stage times."""
+    t0 = time.perf_counter()
+    Xd, Yd = shortlist_descriptors(X, X, grid, descriptor=descriptor)
+    cand = shortlist(Xd, Yd, n_candidates)
+    t1 = time.perf_counter()
+    D, idx, P = candidate_search(X, X, cand, grid, k=k)
+    t2 = time.perf_counter()
+    return (D, idx, P, cand), t1 - t0, t2 - t1
+
+
+def slope(ns, ts):
+    """Least-squares slope of log(time) against log(n) (None with fewer than two points)."""
+    pts = [(n, t) for n, t in zip(ns, ts) if t is not None and t > 0]
+    if len(pts) < 2:
+        return None
+    x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+    return float(np.polyfit(x, y, 1)[0])
+
+
+# ----------------------------------------------------------------------------- baselines
+def run_meanshift(X, seed):
+    from sklearn.cluster import MeanShift, estimate_bandwidth
+
+    Xf = X.reshape(len(X), -1)
+    bw = estimate_bandwidth(Xf, quantile=0.2, n_samples=min(len(Xf), 500), random_state=seed)
+    return MeanShift(bandwidth=bw, bin_seeding=True).fit_predict(Xf)
+
+
+def run_spectral(X, seed):
+    from sklearn.cluster import SpectralClustering
+
+    return SpectralClustering(10, affinity="nearest_neighbors", n_neighbors=K,
+                              assign_labels="cluster_qr", random_state=seed
+                              ).fit_predict(X.reshape(len(X), -1))
+
+
+def estimator_supports_shortlist() -> bool:
+    return "neighbor_search" in inspect.signature(InvariantAttentionClusterer).parameters
+
+
+def run_estimator(X, max_translation, args, shortlisted):
+    params = dict(n_clusters=10, max_rotation=args.max_rotation, n_rotations=args.n_rotations,
+                  max_translation=max_translation, random_state=0)
+    if shortlisted:
+        params["neighbor_search"] = "shortlist"
+    est = InvariantAttentionClusterer(**params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(X)
+    return est
+
+
+# ----------------------------------------------------------------------------- scaling
+def run_scaling(args):
+    images, labels = load_mnist_test(args.data)
+    grid = make_search_grid("se2", args.max_rotation, args.n_rotations, args.max_translation,
+                            refine=False)
+    shortlisted = estimator_supports_shortlist()
+    rows = []
+    X, _ = make_data(images, labels, 2 * K, args.max_translation, args.seed)
+    with torch.no_grad():  # warm-up: first calls pay for lazy initialisation
+        pipeline(torch.as_tensor(X)[:, None], grid, K, K + 1)
+    for n in args.n:
+        X, y = make_data(images, labels, n, args.max_translation, args.seed)
+        Xt = torch.as_tensor(X).reshape(n, 1, *X.shape[-2:])
+        c = args.n_candidates or default_n_candidates(K, n)
+        with torch.no_grad():
+            with PeakRSS() as mem:
+                (D, idx, _, _), t_short, t_cand = pipeline(Xt, grid, K, c)
+        row = {"n": n, "method": "shortlist + candidate search", "n_candidates": c,
+               "seconds": t_short + t_cand, "shortlist_s": t_short, "candidates_s": t_cand,
+               "peak_mb": mem.peak_mb}
+        if n <= args.exact_max:
+            with torch.no_grad():
+                (De, Ie, _), t, mb = timed(grid_search, Xt, Xt, grid, k=K)
+            row["recall"] = recall(Ie, idx)
+            rows.append(row)
+            rows.append({"n": n, "method": "exact grid search", "seconds": t, "peak_mb": mb})
+        else:
+            rows.append(row)
+        if shortlisted or n <= args.estimator_max:
+            est, t, mb = timed(run_estimator, X, args.max_translation, args, shortlisted)
+            name = "invariant attention" + (" (shortlist)" if shortlisted else " (exact)")
+            rows.append({"n": n, "method": name, "seconds": t, "peak_mb": mb,
+                         **scores(y, est.labels_), "n_iter": est.n_iter_})
+        if shortlisted and n <= args.estimator_max:
+            est, t, mb = timed(run_estimator, X, args.max_translation, args, False)
+            rows.append({"n": n, "method": "invariant attention (exact)", "seconds": t,
+                         "peak_mb": mb, **scores(y, est.labels_), "n_iter": est.n_iter_})
+        if n <= args.meanshift_max:
+            lab, t, mb = timed(run_meanshift, X, args.seed)
+            rows.append({"n": n, "method": "MeanShift (pixels)", "seconds": t, "peak_mb": mb,
+                         **scores(y, lab)})
+        if n <= args.spectral_max:
+            lab, t, mb = timed(run_spectral, X, args.seed)
+            rows.append({"n": n, "method": "SpectralClustering (pixels)", "seconds": t,
+                         "peak_mb": mb, **scores(y, lab)})
+        print_table([r for r in rows if r["n"] == n],
+                    ["n", "method", "seconds", "peak_mb", "recall", "acc", "nmi"])
+        print(flush=True)
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    exponents = {}
+    for m in methods:
+        pts = [(r["n"], r["seconds"]) for r in rows if r["method"] == m]
+        exponents[m] = {"exponent": slope(*zip(*pts)) if pts else None,
+                        "n": [p[0] for p in pts]}
+    print_table([{"method": m, "exponent": e["exponent"], "n": str(e["n"])}
+                 for m, e in exponents.items()], ["method", "exponent", "n"])
+    return rows, exponents, shortlisted
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for m in dict.fromkeys(r["method"] for r in rows):
+        pts = sorted((r["n"], r["seconds"]) for r in rows if r["method"] == m)
+        ax.loglog(*zip(*pts), marker="o", label=m)
+    ax.set_xlabel("n (images)")
+    ax.set_ylabel("seconds")
+    ax.set_title("Time against n (MNIST, rotated +-45 degrees)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+# ----------------------------------------------------------------------------- recall
+def run_recall(args):
+    """Recall of the exact top-k against the shortlist length, descriptor and grid."""
+    images, labels = load_mnist_test(args.data)
+    rows = []
+    n = args.n[0]
+    multiples = (1, 2, 3, 4, 6, 8)
+    for max_translation in args.recall_translations:
+        X, _ = make_data(images, labels, n, max_translation, args.seed)
+        Xt = torch.as_tensor(X).reshape(n, 1, *X.shape[-2:])
+        for n_rot in args.recall_rotations:
+            grid = make_search_grid("se2", args.max_rotation, n_rot, max_translation,
+                                    refine=False)
+            with torch.no_grad():
+                (_, Ie, _), t_exact, _ = timed(grid_search, Xt, Xt, grid, k=K)
+                for desc in ("steerable", "modulus"):
+                    t0 = time.perf_counter()
+                    Xd, Yd = shortlist_descriptors(Xt, Xt, grid, descriptor=desc)
+                    cand = shortlist(Xd, Yd, min(n, max(multiples) * K))
+                    t_short = time.perf_counter() - t0
+                    row = {"n": n, "max_translation": max_translation, "n_rotations": n_rot,
+                           "descriptor": desc, "exact_s": t_exact, "shortlist_s": t_short}
+                    for mlt in multiples:
+                        row[f"recall@{mlt}k"] = recall(Ie, cand[:, :mlt * K])
+                    c = default_n_candidates(K, n)
+                    _, idx, _ = candidate_search(Xt, Xt, cand[:, :c], grid, k=K)
+                    row["recall_default"] = recall(Ie, idx)
+                    rows.append(row)
+                    print_table(rows[-1:], list(row))
+                    print(flush=True)
+    ok = {}
+    for mlt in multiples:
+        vals = [r[f"recall@{mlt}k"] for r in rows if r["descriptor"] == "steerable"]
+        ok[mlt] = min(vals) if vals else None
+    choice = next((m for m in multiples if ok[m] is not None and ok[m] >= 0.95), None)
+    print(f"smallest multiple of k with recall >= 0.95 in every setting (steerable): {choice}")
+    return rows, {"min_recall_by_multiple": ok, "smallest_multiple_for_0.95": choice,
+                  "default_n_candidates": default_n_candidates(K, n)}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=None, help="folder with the MNIST test split")
+    p.add_argument("--n", type=int, nargs="+", default=[500, 1000, 2000, 5000, 10000])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-rotation", type=float, default=60.0)
+    p.add_argument("--n-rotations", type=int, default=17)
+    p.add_argument("--max-translation", type=int, default=0)
+    p.add_argument("--n-candidates", type=int, default=None)
+    p.add_argument("--exact-max", type=int, default=5000,
+                   help="largest n for the exact all-pairs search")
+    p.add_argument("--estimator-max", type=int, default=2000)
+    p.add_argument("--meanshift-max", type=int, default=2000)
+    p.add_argument("--spectral-max", type=int, default=5000)
+    p.add_argument("--recall", action="store_true")
+    p.add_argument("--recall-rotations", type=int, nargs="+", default=[17, 24])
+    p.add_argument("--recall-translations", type=int, nargs="+", default=[0, 2])
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: torch's); 1 is steadier on a busy "
+                        "machine")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.quick:
+        args.n = [400] if args.recall else [200, 400]
+        args.recall_rotations = [9]
+        args.n_rotations = 9
+    elif args.recall and argv is None and "--n" not in sys.argv:
+        args.n = [2000]
+    result = {"benchmark": "scaling", "env": environment(), "args": vars(args), "k": K,
+              "note": "wall times on the machine in env; a shared machine makes them noisy"}
+    if args.recall:
+        result["rows"], result["summary"] = run_recall(args)
+        out = Path(args.out or RESULTS / ("scaling_recall_quick.json" if args.quick
+                                          else "scaling_recall.json"))
+    else:
+        rows, exponents, shortlisted = run_scaling(args)
+        result.update(rows=rows, exponents=exponents, estimator_shortlist=shortlisted)
+        out = Path(args.out or RESULTS / ("scaling_quick.json" if args.quick
+                                          else "scaling.json"))
+        plot(rows, out.with_suffix(".png"))
+    write_json(result, out)
+    return result
+
+
+if __name__ == "__main__":
+    main()
