@@ -39,6 +39,8 @@ _AUTO_FACTOR = 0.1
 _MODE_EPS = 4.0
 # Largest n for which the final linkage runs on every sample's mean (an n x n matrix).
 _FULL_LINKAGE_MAX = 12000
+# Clusters smaller than this fraction of the mean cluster size are stragglers in the final cut.
+_MIN_CLUSTER_FRACTION = 0.1
 
 
 def _to_2d(X, image_shape):
@@ -463,7 +465,7 @@ def _iterate(Xt, grid, *, k, bandwidth, update, max_iter, tol, batch_size, gener
     # tie-breaking jitter, far below round-off relative to real distances
     jitter = torch.rand((n,), generator=generator, dtype=torch.float64).to(Xt) * 1e-12
     M = Xt.clone()
-    composed = _ComposedMeans(Xt, L=max(k, 8)) if update == "blurring" else None
+    composed = _ComposedMeans(Xt, L=max(2 * k, 8)) if update == "blurring" else None
     history = []
     # the first search is also the bandwidth's: the n_neighbors nearest keys, self included
     k_bw = _bandwidth_neighbor(k, n)
@@ -544,7 +546,7 @@ def _merge_modes(M, labels, modes, n_clusters, grid, batch_size, log):
     linking one representative per mode, because connected components of means can chain two
     digits together. Beyond that, one representative per mode, weighted by the mode's size.
     """
-    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.cluster.hierarchy import linkage
     from scipy.spatial.distance import squareform
 
     n = M.shape[0]
@@ -553,7 +555,7 @@ def _merge_modes(M, labels, modes, n_clusters, grid, batch_size, log):
         D = torch.minimum(D, D.T).to(torch.float64).cpu().numpy()
         np.fill_diagonal(D, 0.0)
         Z = linkage(squareform(D, checks=False), method="average")
-        return fcluster(Z, n_clusters, criterion="maxclust") - 1
+        return _cut_tree(Z, D, n_clusters)
     if len(modes) < n_clusters:
         raise ValueError(
             f"n_clusters: invariant attention found only {len(modes)} modes among {n} samples, "
@@ -566,6 +568,36 @@ def _merge_modes(M, labels, modes, n_clusters, grid, batch_size, log):
     sizes = np.array([len(m) for m in modes])
     mode_labels = _weighted_average_linkage(D, sizes, n_clusters)
     return mode_labels[labels]
+
+
+def _cut_tree(Z, D, n_clusters):
+    """Cut a linkage tree into ``n_clusters`` clusters that are not stragglers.
+
+    Average linkage leaves far-away samples as clusters of their own until the very last merges,
+    so a plain cut at ``n_clusters`` can spend clusters on a handful of outliers. The tree is cut
+    at the smallest count that yields ``n_clusters`` clusters of at least ``_MIN_CLUSTER_FRACTION``
+    of the mean cluster size; samples of the smaller clusters join the cluster at the smallest
+    average invariant distance.
+    """
+    from scipy.cluster.hierarchy import fcluster
+
+    n = D.shape[0]
+    min_size = max(2, int(_MIN_CLUSTER_FRACTION * n / n_clusters))
+    for c in range(n_clusters, n + 1):
+        lab = fcluster(Z, c, criterion="maxclust") - 1
+        sizes = np.bincount(lab)
+        big = np.flatnonzero(sizes >= min_size)
+        if len(big) >= n_clusters or c == n:
+            break
+    if len(big) < n_clusters:  # tiny data: no cut has enough large clusters
+        return fcluster(Z, n_clusters, criterion="maxclust") - 1
+    keep = big[np.argsort(-sizes[big], kind="stable")[:n_clusters]]
+    onehot = (lab[:, None] == keep[None, :]).astype(np.float64)
+    nearest = np.argmin(D @ onehot / onehot.sum(0), axis=1)
+    mapping = np.full(sizes.shape[0], -1)
+    mapping[keep] = np.arange(n_clusters)
+    out = mapping[lab]
+    return np.where(out >= 0, out, nearest)
 
 
 def _relabel_by_size(labels):
