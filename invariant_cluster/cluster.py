@@ -41,6 +41,8 @@ _MODE_EPS = 4.0
 _FULL_LINKAGE_MAX = 12000
 # Clusters smaller than this fraction of the mean cluster size are stragglers in the final cut.
 _MIN_CLUSTER_FRACTION = 0.1
+# Contributions of an original to a mean below this weight are dropped.
+_COEF_EPS = 1e-6
 
 
 def _to_2d(X, image_shape):
@@ -409,26 +411,38 @@ class _ComposedMeans:
         self.coef[:, 0] = 1.0
         self.theta = torch.zeros((n, L, 3), dtype=X.dtype, device=dev)
 
-    def means(self) -> torch.Tensor:
-        return _gather_aligned(self.X, self.src, self.theta, self.coef)
+    def means(self, chunk: int = 16384) -> torch.Tensor:
+        """The means, warping only the originals that carry weight."""
+        X = self.X
+        n = X.shape[0]
+        r, l = torch.nonzero(self.coef > 0, as_tuple=True)
+        out = torch.zeros((n, X[0].numel()), dtype=X.dtype, device=X.device)
+        for e0 in range(0, r.shape[0], chunk):
+            rr, ll = r[e0:e0 + chunk], l[e0:e0 + chunk]
+            p = self.theta[rr, ll]
+            imgs = X[self.src[rr, ll]]
+            warped = fast_warp(imgs, p) if bool(p.any()) else imgs
+            out.index_add_(0, rr, warped.reshape(rr.shape[0], -1) * self.coef[rr, ll, None])
+        return out.reshape(X.shape)
 
     def step(self, idx: torch.Tensor, W: torch.Tensor, tau: torch.Tensor):
         n, k = idx.shape
         L = self.L
-        coef = (W[:, :, None] * self.coef[idx]).reshape(-1)
-        src = self.src[idx].reshape(-1)
-        theta = compose_se2(tau[:, :, None, :].expand(n, k, L, 3), self.theta[idx]).reshape(-1, 3)
-        rows = torch.arange(n, device=idx.device).repeat_interleave(k * L)
-        keep = coef > 0
-        coef, src, theta, rows = coef[keep], src[keep], theta[keep], rows[keep]
+        coef = W[:, :, None] * self.coef[idx]  # (n, k, L)
+        # contributions below _COEF_EPS are dropped (their mass is renormalised away)
+        i, j, l = torch.nonzero(coef > _COEF_EPS, as_tuple=True)
+        kj = idx[i, j]
+        coef = coef[i, j, l]
+        src = self.src[kj, l]
+        theta = compose_se2(tau[i, j], self.theta[kj, l])
+        rows = i
         # merge repeated (row, original) entries: coefficients add up, and the transformation
         # of the largest contribution is kept (averaging them would be wrong for symmetric
-        # shapes, whose paths can differ by a symmetry of the image)
-        o1 = torch.argsort(-coef, stable=True)
-        key = (rows * n + src)[o1]
-        o2 = torch.argsort(key, stable=True)
-        order = o1[o2]
-        key = key[o2]
+        # shapes, whose paths can differ by a symmetry of the image). One sort on a key that
+        # orders by (row, original), then by decreasing coefficient (coefficients are <= 1).
+        key = rows * n + src
+        order = torch.argsort(key.double() + 0.5 * (1.0 - coef.double()))
+        key = key[order]
         start = torch.ones_like(key, dtype=torch.bool)
         start[1:] = key[1:] != key[:-1]
         seg = torch.cumsum(start.long(), 0) - 1
@@ -438,8 +452,8 @@ class _ComposedMeans:
         heads = order[start]
         mtheta = theta[heads]
         mrow, msrc = rows[heads], src[heads]
-        # keep the L largest coefficients of every row
-        order = torch.argsort(mrow.double() * 4.0 - csum.double() / csum.max().double())
+        # keep the L largest coefficients of every row (row sums are 1, so csum <= 1)
+        order = torch.argsort(mrow.double() + 0.5 * (1.0 - csum.double().clamp(max=1.0)))
         mrow, msrc, csum, mtheta = mrow[order], msrc[order], csum[order], mtheta[order]
         counts = torch.bincount(mrow, minlength=n)
         first = torch.cumsum(counts, 0) - counts
