@@ -269,7 +269,7 @@ def plot_alignments(estimator, X, n=8, ax=None, *, indices=None, cmap="gray",
     m = len(idx)
     tiles = np.concatenate([originals, aligned, centers.astype(np.float32)])
     captions = ([f"#{i} c{labels[i]}" for i in idx]
-                + [f"{p[0]:+.0f}°" for p in params]
+                + [f"{int(round(p[0])):+d}°" for p in params]
                 + [f"mean c{labels[i]}" for i in idx])
     ax = _new_axes(ax, (1.0 * m + 2.0, 4.3))
     _draw_tiles(ax, tiles, captions, m, cmap=cmap,

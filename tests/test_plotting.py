@@ -88,7 +88,7 @@ class TestPlotAlignments:
         shown = ax.images[1].get_array()
         lo, hi = expected.min(), expected.max()
         np.testing.assert_allclose(shown, (expected - lo) / (hi - lo), atol=1e-5)
-        assert _texts(ax)[1] == f"{est.alignments_[1, 0]:+.0f}°"
+        assert _texts(ax)[1] == f"{int(round(est.alignments_[1, 0])):+d}°"
 
     def test_accepts_flat_rows(self, fitted):
         est, X = fitted
