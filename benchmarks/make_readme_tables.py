@@ -142,6 +142,22 @@ def table_rpc(r):
     return "\n".join(out).strip()
 
 
+def table_alignment(r):
+    rows = r.get("rows", [])
+    if not rows or "per_pair_rate" not in rows[0]:
+        return table_generic(r)
+    n_large = rows[0].get("n_large", "n")
+    return md_table(
+        ["grid", "per-pair kornia (pairs/s)", "ours, same pairs (pairs/s)",
+         f"ours, {n_large} x {n_large} (pairs/s)", "speed-up (same pairs / at scale)",
+         "max rel. difference"],
+        [[row["grid"], f"{row['per_pair_rate']:.3g}", f"{row['ours_rate_same']:.3g}",
+          f"{row['ours_rate_large']:.3g}",
+          f"{row.get('speedup_same', float('nan')):.0f}x / {row['speedup_rate']:.0f}x",
+          f"{row['max_rel_diff']:.1e}"] for row in rows],
+        ["l", "r", "r", "r", "r", "r"])
+
+
 def table_generic(r):
     for key in ("rows", "sweep", "results"):
         rows = r.get(key)
@@ -156,6 +172,7 @@ def table_generic(r):
 
 FORMATTERS = {
     "clustering": table_clustering,
+    "alignment": table_alignment,
     "kpca_diagnostics": table_kpca,
     "rpc_robustness": table_rpc,
 }
@@ -183,20 +200,24 @@ def sections(results_dir=RESULTS):
 
 
 def update(readme, secs):
-    """Replace each ``<!-- bench:NAME -->...<!-- /bench:NAME -->`` block; return the text."""
+    """Replace each ``<!-- bench:NAME -->...<!-- /bench:NAME -->`` block.
+
+    Returns the new text and the names of the blocks replaced.
+    """
     text = Path(readme).read_text()
-    missing = []
+    missing, updated = [], []
     for name, block in secs.items():
         tag = re.escape(name)
         pattern = re.compile(rf"<!-- bench:{tag} -->.*?<!-- /bench:{tag} -->", re.S)
         if pattern.search(text):
             text = pattern.sub(lambda _m, b=block: b, text)
+            updated.append(name)
         else:
             missing.append(name)
     for name in missing:
         print(f"{readme}: no markers for '{name}' (add <!-- bench:{name} --> "
               f"<!-- /bench:{name} --> where its table belongs)", file=sys.stderr)
-    return text
+    return text, updated
 
 
 def main(argv=None):
@@ -206,8 +227,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     secs = sections(args.results)
     if args.update:
-        Path(args.update).write_text(update(args.update, secs))
-        print(f"updated {args.update}: {', '.join(secs) or 'nothing'}")
+        text, updated = update(args.update, secs)
+        Path(args.update).write_text(text)
+        print(f"updated {args.update}: {', '.join(updated) or 'nothing'}")
     else:
         print("\n\n".join(secs.values()))
     return 0

@@ -672,7 +672,7 @@ def _cmd_demo(args):
             out.mkdir(parents=True, exist_ok=True)
             ax = plot_invariant_means(
                 invariant, title=f"invariant means: {n} digits rotated within "
-                                 f"+-{args.max_rotation:g} degrees")
+                                 f"±{args.max_rotation:g}°")
             _save_figure(ax, out / "invariant_means.png")
             report = {
                 "data": name,

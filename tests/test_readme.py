@@ -1,0 +1,76 @@
+"""The README's quick start runs as written, and its links and benchmark markers hold."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def _quick_start():
+    text = README.read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert blocks, "no ```python block under '## Quick start'"
+    return blocks[0]
+
+
+def test_quick_start_runs(monkeypatch, capsys):
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    code = _quick_start()
+    assert len(code.strip().splitlines()) <= 12
+    namespace = {"__name__": "__readme__"}
+    exec(compile(code, str(README), "exec"), namespace)
+    out = capsys.readouterr().out
+    assert out.strip()
+    # what the prose under the code block says: five clusters, one per digit
+    est = namespace["est"]
+    assert est.n_clusters_ == 5
+    labels = est.labels_.reshape(5, 12)
+    assert all(len(set(row)) == 1 for row in labels)
+    assert len({row[0] for row in labels}) == 5
+
+
+def test_commands_and_links():
+    text = README.read_text()
+    assert "pip install -e . && invariant-cluster demo" in text
+    assert 'pip install -e ".[dev]" && pytest' in text
+    for target in re.findall(r"\]\(([^)#]+)\)", text):
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), f"README links to a missing file: {target}"
+
+
+@pytest.mark.parametrize("name", ["clustering", "alignment", "kpca_diagnostics",
+                                  "rpc_robustness"])
+def test_benchmark_markers(name):
+    text = README.read_text()
+    assert text.count(f"<!-- bench:{name} -->") == 1
+    assert text.count(f"<!-- /bench:{name} -->") == 1
+    assert text.index(f"<!-- bench:{name} -->") < text.index(f"<!-- /bench:{name} -->")
+
+
+def test_tables_script_updates_markers(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "clustering.json").write_text(json.dumps({
+        "benchmark": "clustering",
+        "env": {"cpu_count": 2, "torch_threads": 2},
+        "rows": [{"variant": "rotated45", "n": 100, "method": "k-means (pixels)", "acc": 0.5,
+                  "ari": 0.3, "nmi": 0.4, "seconds": 1.0}],
+    }))
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- bench:clustering -->\nold\n<!-- /bench:clustering -->\nb\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_readme_tables.py"),
+                           "--results", str(results), "--update", str(readme)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    new = readme.read_text()
+    assert "old" not in new and new.startswith("a\n") and new.endswith("b\n")
+    assert "| k-means (pixels) | 0.500 | 0.300 | 0.400 | 1.000 |" in new
+    assert "2 CPU cores" in new
