@@ -237,12 +237,17 @@ def run_scaling(args):
         pts = [(r["n"], r["seconds"]) for r in rows if r["method"] == m]
         exponents[m] = {"exponent": slope(*zip(*pts)) if pts else None,
                         "n": [p[0] for p in pts]}
+    for stage, key in (("  stage 1: descriptors + shortlist", "shortlist_s"),
+                       ("  stage 2: candidate search", "candidates_s")):
+        pts = [(r["n"], r[key]) for r in rows if key in r]
+        exponents[stage.strip()] = {"exponent": slope(*zip(*pts)) if pts else None,
+                                    "n": [p[0] for p in pts]}
     print_table([{"method": m, "exponent": e["exponent"], "n": str(e["n"])}
                  for m, e in exponents.items()], ["method", "exponent", "n"])
     return rows, exponents, shortlisted
 
 
-def plot(rows, path):
+def plot(rows, path, title="Time against n"):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -252,9 +257,14 @@ def plot(rows, path):
     for m in dict.fromkeys(r["method"] for r in rows):
         pts = sorted((r["n"], r["seconds"]) for r in rows if r["method"] == m)
         ax.loglog(*zip(*pts), marker="o", label=m)
+    for key, label in (("shortlist_s", "  stage 1: descriptors + shortlist"),
+                       ("candidates_s", "  stage 2: candidate search")):
+        pts = sorted((r["n"], r[key]) for r in rows if key in r)
+        if pts:
+            ax.loglog(*zip(*pts), ls="--", marker=".", color="tab:blue", alpha=0.5, label=label)
     ax.set_xlabel("n (images)")
     ax.set_ylabel("seconds")
-    ax.set_title("Time against n (MNIST, rotated +-45 degrees)")
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -312,7 +322,7 @@ def main(argv=None):
     p.add_argument("--n-rotations", type=int, default=17)
     p.add_argument("--max-translation", type=int, default=0)
     p.add_argument("--n-candidates", type=int, default=None)
-    p.add_argument("--exact-max", type=int, default=5000,
+    p.add_argument("--exact-max", type=int, default=10000,
                    help="largest n for the exact all-pairs search")
     p.add_argument("--estimator-max", type=int, default=2000)
     p.add_argument("--meanshift-max", type=int, default=2000)
@@ -345,7 +355,10 @@ def main(argv=None):
         result.update(rows=rows, exponents=exponents, estimator_shortlist=shortlisted)
         out = Path(args.out or RESULTS / ("scaling_quick.json" if args.quick
                                           else "scaling.json"))
-        plot(rows, out.with_suffix(".png"))
+        what = "rotated +-45 degrees" + (f", shifted +-{args.max_translation} px"
+                                         if args.max_translation else "")
+        plot(rows, out.with_suffix(".png"),
+             f"One search (k={K}) / one fit against n: MNIST {what}")
     write_json(result, out)
     return result
 

@@ -83,8 +83,9 @@ def memory_budget(device="cpu") -> int:
     """Bytes available for new allocations on ``device``.
 
     CPU: ``psutil.virtual_memory().available`` (without psutil, ``os.sysconf`` physical pages;
-    failing that 4 GiB). CUDA: the free memory reported by ``torch.cuda.mem_get_info`` plus what
-    torch's caching allocator holds but does not use.
+    failing that 4 GiB), or less when a container's cgroup limit leaves less. CUDA: the free
+    memory reported by ``torch.cuda.mem_get_info`` plus what torch's caching allocator holds but
+    does not use.
 
     Parameters
     ----------
@@ -104,14 +105,37 @@ def memory_budget(device="cpu") -> int:
     try:
         import psutil
 
-        return int(psutil.virtual_memory().available)
+        avail = int(psutil.virtual_memory().available)
     except ImportError:  # pragma: no cover - psutil is installed with the benchmarks
         import os
 
         try:
-            return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+            avail = int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
         except (ValueError, OSError, AttributeError):
-            return 4 * 1024 ** 3
+            avail = 4 * 1024 ** 3
+    limit = _cgroup_headroom()
+    return avail if limit is None else min(avail, limit)
+
+
+def _cgroup_headroom():
+    """Bytes left under a container's memory limit (cgroup v2, then v1), or None."""
+    for limit_path, usage_path in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_path) as f:
+                raw = f.read().strip()
+            if raw == "max":
+                return None
+            with open(usage_path) as f:
+                usage = int(f.read().strip())
+            limit = int(raw)
+        except (OSError, ValueError):
+            continue
+        if limit >= 1 << 60:  # cgroup v1 writes "no limit" as a huge number
+            return None
+        return max(0, limit - usage)
+    return None
 
 
 def _fmt_bytes(n: float) -> str:
