@@ -158,6 +158,33 @@ def table_alignment(r):
         ["l", "r", "r", "r", "r", "r"])
 
 
+def table_scaling(r):
+    rows = r.get("rows", [])
+    if not rows or "method" not in rows[0] or "seconds" not in rows[0]:
+        return table_generic(r)
+    ns = sorted({row["n"] for row in rows})
+    methods = list(dict.fromkeys(row["method"] for row in rows))
+    exps = r.get("exponents", {})
+    cell = {(row["method"], row["n"]): row for row in rows}
+    body = []
+    for m in methods:
+        line = [m] + [fmt(cell[(m, n)]["seconds"], 2) if (m, n) in cell else "–" for n in ns]
+        e = exps.get(m, {}).get("exponent")
+        line.append(fmt(e, 2) if e is not None else "")
+        body.append(line)
+    out = ["Seconds per method and n (–: not run at that size); exponent of the log-log "
+           "fit of seconds against n.\n",
+           md_table(["method", *[f"n = {n}" for n in ns], "exponent"], body,
+                    ["l"] + ["r"] * (len(ns) + 1))]
+    scored = [row for row in rows if "acc" in row]
+    if scored:
+        out.append("")
+        out.append(md_table(["method", "n", "ACC", "ARI", "NMI"],
+                            [[row["method"], row["n"], row["acc"], row.get("ari"),
+                              row.get("nmi")] for row in scored]))
+    return "\n".join(out)
+
+
 def table_generic(r):
     for key in ("rows", "sweep", "results"):
         rows = r.get(key)
@@ -173,6 +200,7 @@ def table_generic(r):
 FORMATTERS = {
     "clustering": table_clustering,
     "alignment": table_alignment,
+    "scaling": table_scaling,
     "kpca_diagnostics": table_kpca,
     "rpc_robustness": table_rpc,
 }
