@@ -25,9 +25,10 @@ _LAZY = {
     "KernelPCAAttention": "invariant_cluster.decomposition",
 }
 _SUBMODULES = {"attention", "diagnostics", "datasets", "plotting", "transforms", "alignment",
-               "barycenters", "cluster", "decomposition"}
+               "barycenters", "cluster", "decomposition", "metrics", "neighbors"}
 
-__all__ = sorted([*_LAZY, "attention", "diagnostics", "datasets", "plotting", "__version__"])
+__all__ = sorted([*_LAZY, "attention", "diagnostics", "datasets", "plotting", "metrics",
+                  "neighbors", "__version__"])
 
 
 def __getattr__(name):
