@@ -7,9 +7,10 @@ searched over +-60 degrees (17 angles). For every n:
   descriptor shortlist (``shortlist_descriptors`` + ``shortlist``) then the exact search of the
   candidates (``candidate_search``), and the exact all-pairs ``grid_search(k=32)`` where it
   finishes (``--exact-max``); the recall of the exact top-k by the shortlisted search;
-- ``InvariantAttentionClusterer(n_clusters=10)``: fit time and ACC / NMI (up to
-  ``--estimator-max`` samples; when the estimator has a ``neighbor_search`` parameter it is run
-  with ``neighbor_search="shortlist"`` at every n);
+- ``InvariantAttentionClusterer(n_clusters=10)``: fit time and ACC / NMI, with the exact
+  search up to ``--estimator-max`` samples and, when the estimator has a ``neighbor_search``
+  parameter (checked with ``inspect.signature``), with ``neighbor_search="shortlist"`` up to
+  ``--shortlist-estimator-max``;
 - scikit-learn's ``MeanShift`` (estimated bandwidth, bin seeding; up to ``--meanshift-max``) and
   ``SpectralClustering`` (10 clusters, 32-NN affinity on the pixels; up to ``--spectral-max``);
 
@@ -172,10 +173,12 @@ def estimator_supports_shortlist() -> bool:
 
 
 def run_estimator(X, max_translation, args, shortlisted):
+    """``shortlisted``: True/False select neighbor_search="shortlist"/"exact"; None: the
+    estimator has no such parameter (it searches exactly)."""
     params = dict(n_clusters=10, max_rotation=args.max_rotation, n_rotations=args.n_rotations,
                   max_translation=max_translation, random_state=0)
-    if shortlisted:
-        params["neighbor_search"] = "shortlist"
+    if shortlisted is not None:
+        params["neighbor_search"] = "shortlist" if shortlisted else "exact"
     est = InvariantAttentionClusterer(**params)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -211,13 +214,13 @@ def run_scaling(args):
             rows.append({"n": n, "method": "exact grid search", "seconds": t, "peak_mb": mb})
         else:
             rows.append(row)
-        if shortlisted or n <= args.estimator_max:
-            est, t, mb = timed(run_estimator, X, args.max_translation, args, shortlisted)
-            name = "invariant attention" + (" (shortlist)" if shortlisted else " (exact)")
-            rows.append({"n": n, "method": name, "seconds": t, "peak_mb": mb,
-                         **scores(y, est.labels_), "n_iter": est.n_iter_})
-        if shortlisted and n <= args.estimator_max:
-            est, t, mb = timed(run_estimator, X, args.max_translation, args, False)
+        if shortlisted and n <= args.shortlist_estimator_max:
+            est, t, mb = timed(run_estimator, X, args.max_translation, args, True)
+            rows.append({"n": n, "method": "invariant attention (shortlist)", "seconds": t,
+                         "peak_mb": mb, **scores(y, est.labels_), "n_iter": est.n_iter_})
+        if n <= args.estimator_max:
+            est, t, mb = timed(run_estimator, X, args.max_translation, args,
+                               False if shortlisted else None)
             rows.append({"n": n, "method": "invariant attention (exact)", "seconds": t,
                          "peak_mb": mb, **scores(y, est.labels_), "n_iter": est.n_iter_})
         if n <= args.meanshift_max:
@@ -324,7 +327,11 @@ def main(argv=None):
     p.add_argument("--n-candidates", type=int, default=None)
     p.add_argument("--exact-max", type=int, default=10000,
                    help="largest n for the exact all-pairs search")
-    p.add_argument("--estimator-max", type=int, default=2000)
+    p.add_argument("--estimator-max", type=int, default=2000,
+                   help="largest n for the estimator with the exact search")
+    p.add_argument("--shortlist-estimator-max", type=int, default=10000,
+                   help="largest n for the estimator with neighbor_search='shortlist' (when "
+                        "the estimator has that parameter)")
     p.add_argument("--meanshift-max", type=int, default=2000)
     p.add_argument("--spectral-max", type=int, default=5000)
     p.add_argument("--recall", action="store_true")

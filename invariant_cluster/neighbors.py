@@ -36,7 +36,14 @@ import torch
 import torch.nn.functional as F
 
 from ._dask import blocked_map
-from .alignment import SearchGrid, fast_warp, shift_energies, shift_margin, warp_keys
+from .alignment import (
+    SearchGrid,
+    fast_warp,
+    grid_search,
+    shift_energies,
+    shift_margin,
+    warp_keys,
+)
 from .transforms import rotation_grid, translation_grid
 
 __all__ = [
@@ -46,6 +53,7 @@ __all__ = [
     "shortlist",
     "candidate_search",
     "neighbor_search",
+    "blocked_grid_search",
     "aligned_weighted_sum",
     "default_n_candidates",
     "memory_budget",
@@ -749,6 +757,53 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
     best = arg_all.gather(1, pos)
     params = torch.stack([angles[best // S], shifts_t[best % S, 0], shifts_t[best % S, 1]], -1)
     return dist, index, params
+
+
+def _grid_block(block, Y, grid, k):
+    """``grid_search`` of one query block against every key (a dask task)."""
+    Xb, ex = block
+    return grid_search(Xb, Y, grid, k=k, batch_size=max(1, Xb.shape[0]), exclude=ex)
+
+
+def blocked_grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k,
+                        batch_size=None, exclude=None, client=None):
+    """The exact all-pairs ``grid_search(X, Y, grid, k=k)``, one task per block of queries.
+
+    Each block is ``grid_search`` of those queries against every key (the keys are scattered to
+    the workers once), so with or without ``client`` the SAME calls produce the result: it is
+    identical either way (and equal to one ``grid_search`` up to round-off).
+
+    Parameters
+    ----------
+    X, Y : torch.Tensor of shape (n_x, C, H, W) and (n_y, C, H, W)
+    grid : SearchGrid
+    k : int
+    batch_size : int, optional
+        Queries per block (None: from the memory budget, as ``grid_search`` sizes its blocks).
+    exclude : torch.Tensor of shape (n_x,), optional
+    client : dask.distributed.Client, optional
+
+    Returns
+    -------
+    dist, index, params : as ``grid_search`` with ``k``
+    """
+    k = _check_int(k, "k", 1)
+    batch_size = _check_int(batch_size, "batch_size", 1, allow_none=True)
+    n_x = X.shape[0]
+    if batch_size is None:
+        m = shift_margin(grid.shifts)
+        canvas = X.shape[1] * (X.shape[2] + 2 * m) * (X.shape[3] + 2 * m)
+        per_query = len(grid.shifts) * (canvas + 2 * min(Y.shape[0], 4096) * len(grid.angles))
+        batch_size = int(max(1, min(n_x, block_elements(X.device, X.element_size())
+                                    // per_query)))
+    blocks = [(X[q:q + batch_size], None if exclude is None else exclude[q:q + batch_size])
+              for q in range(0, n_x, batch_size)]
+    out = blocked_map(_grid_block, blocks, shared=(Y, grid, k), client=client)
+    if not out:
+        kk = min(k, Y.shape[0])
+        return (X.new_zeros((0, kk)), torch.zeros((0, kk), dtype=torch.long, device=X.device),
+                X.new_zeros((0, kk, 3)))
+    return tuple(torch.cat([o[i].to(X.device) for o in out], 0) for i in range(3))
 
 
 def _weighted_block(block, keys):

@@ -57,6 +57,20 @@ def test_neighbor_search_identical_on_cluster(client):
         assert torch.equal(a, b)
 
 
+def test_exact_search_identical_on_cluster(client):
+    from invariant_cluster.alignment import grid_search
+    from invariant_cluster.neighbors import blocked_grid_search
+
+    X, grid = _data()
+    ex = torch.arange(40)
+    ref = blocked_grid_search(X, X, grid, k=4, batch_size=9, exclude=ex)
+    out = blocked_grid_search(X, X, grid, k=4, batch_size=9, exclude=ex, client=client)
+    for a, b in zip(ref, out):
+        assert torch.equal(a, b)
+    D, idx, _ = grid_search(X, X, grid, k=4, exclude=ex)
+    assert torch.allclose(ref[0], D, rtol=1e-5, atol=1e-5) and torch.equal(ref[1], idx)
+
+
 def test_attention_step_identical_on_cluster(client):
     from invariant_cluster.neighbors import aligned_weighted_sum
 

@@ -310,3 +310,16 @@ class TestAlignedWeightedSum:
         with pytest.raises(ValueError, match="params"):
             aligned_weighted_sum(torch.zeros(3, 1, 4, 4), torch.zeros((2, 2), dtype=torch.long),
                                  torch.zeros(2, 3, 3), torch.zeros(2, 2))
+
+
+def test_blocked_grid_search_equals_grid_search():
+    from invariant_cluster.neighbors import blocked_grid_search
+
+    g = torch.Generator().manual_seed(8)
+    X = torch.rand(17, 1, 10, 10, generator=g, dtype=torch.float64)
+    Y = torch.rand(12, 1, 10, 10, generator=g, dtype=torch.float64)
+    grid = make_search_grid("se2", 45.0, 5, 1, refine=False)
+    D, I, P = grid_search(X, Y, grid, k=3)
+    D2, I2, P2 = blocked_grid_search(X, Y, grid, k=3, batch_size=5)
+    assert torch.allclose(D, D2, rtol=1e-12, atol=1e-12)
+    assert torch.equal(I, I2) and torch.equal(P, P2)
