@@ -39,8 +39,8 @@ from ._dask import blocked_map
 from .alignment import (
     SearchGrid,
     fast_warp,
-    grid_search,
     shift_energies,
+    shift_images,
     shift_margin,
     warp_keys,
 )
@@ -759,19 +759,52 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
     return dist, index, params
 
 
-def _grid_block(block, Y, grid, k):
-    """``grid_search`` of one query block against every key (a dask task)."""
+def _grid_block(block, Kw, E, shifts, k, key_chunk):
+    """Exact top-``k`` of one query block against every (pre-warped) key (a dask task).
+
+    The operations of ``alignment.grid_search``, in the same order, on the warps computed once
+    for all blocks: ``Kw`` ``(n_y, R, canvas)``, ``E`` ``(n_y, R, S)``.
+    """
     Xb, ex = block
-    return grid_search(Xb, Y, grid, k=k, batch_size=max(1, Xb.shape[0]), exclude=ex)
+    b = Xb.shape[0]
+    n_y, R, nf = Kw.shape
+    S = len(shifts)
+    device, dtype = Xb.device, Xb.dtype
+    xsq = (Xb.reshape(b, -1) ** 2).sum(1)
+    Q = shift_images(Xb, shifts).reshape(b * S, nf)
+    kk = int(min(k, n_y - (1 if ex is not None else 0)))
+    dist = torch.full((b, kk), math.inf, dtype=dtype, device=device)
+    best = torch.zeros((b, kk), dtype=torch.long, device=device)
+    index = torch.zeros((b, kk), dtype=torch.long, device=device)
+    for k0 in range(0, n_y, key_chunk):
+        Kc = Kw[k0:k0 + key_chunk]
+        c = Kc.shape[0]
+        scores = (Q @ Kc.reshape(c * R, nf).T).reshape(b, S, c, R)
+        d = scores.permute(0, 3, 1, 2).mul_(-2.0)  # (b, R, S, c)
+        d = d + E[k0:k0 + c].permute(1, 2, 0)[None] + xsq[:, None, None, None]
+        dmin, arg = d.reshape(b, R * S, c).min(1)  # arg = r * S + s
+        dmin.clamp_(min=0.0)
+        if ex is not None:
+            e = ex - k0
+            rows = torch.nonzero((e >= 0) & (e < c)).flatten()
+            dmin[rows, e[rows]] = math.inf
+        cand_d = torch.cat([dist, dmin], 1)
+        cand_i = torch.cat([index, torch.arange(k0, k0 + c, device=device).expand(b, c)], 1)
+        cand_a = torch.cat([best, arg], 1)
+        dist, pos = torch.topk(cand_d, kk, dim=1, largest=False, sorted=True)
+        index, best = cand_i.gather(1, pos), cand_a.gather(1, pos)
+    return dist, index, best
 
 
 def blocked_grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k,
                         batch_size=None, exclude=None, client=None):
     """The exact all-pairs ``grid_search(X, Y, grid, k=k)``, one task per block of queries.
 
-    Each block is ``grid_search`` of those queries against every key (the keys are scattered to
-    the workers once), so with or without ``client`` the SAME calls produce the result: it is
-    identical either way (and equal to one ``grid_search`` up to round-off).
+    The keys are warped once (``warp_keys`` onto the shift canvas, with their energies), sent
+    to the workers once, and every block of queries runs ``grid_search``'s operations against
+    them; with or without ``client`` the SAME block calls produce the result, so it is identical
+    either way (and equal to ``grid_search`` up to the round-off of differently shaped matrix
+    products).
 
     Parameters
     ----------
@@ -779,7 +812,7 @@ def blocked_grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k
     grid : SearchGrid
     k : int
     batch_size : int, optional
-        Queries per block (None: from the memory budget, as ``grid_search`` sizes its blocks).
+        Queries per block (None: from the memory budget).
     exclude : torch.Tensor of shape (n_x,), optional
     client : dask.distributed.Client, optional
 
@@ -789,21 +822,37 @@ def blocked_grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k
     """
     k = _check_int(k, "k", 1)
     batch_size = _check_int(batch_size, "batch_size", 1, allow_none=True)
-    n_x = X.shape[0]
+    n_x, n_y = X.shape[0], Y.shape[0]
+    device, dtype = X.device, X.dtype
+    Y = Y.to(device=device, dtype=dtype)
+    R, S = len(grid.angles), len(grid.shifts)
+    m = shift_margin(grid.shifts)
+    canvas = X.shape[1] * (X.shape[2] + 2 * m) * (X.shape[3] + 2 * m)
+    es = X.element_size()
+    check_fits(n_y * R * (canvas + S) * es, device, f"the warped keys ({n_y} x {R} angles)",
+               hint="use neighbor_search (the shortlist, which warps keys block by block) or a "
+                    "smaller grid")
+    budget = block_elements(device, es)
+    # the sizes grid_search uses: a chunk of warped keys, and a score block, each ~ budget
+    key_chunk = int(max(1, min(n_y, budget // max(1, R * canvas))))
     if batch_size is None:
-        m = shift_margin(grid.shifts)
-        canvas = X.shape[1] * (X.shape[2] + 2 * m) * (X.shape[3] + 2 * m)
-        per_query = len(grid.shifts) * (canvas + 2 * min(Y.shape[0], 4096) * len(grid.angles))
-        batch_size = int(max(1, min(n_x, block_elements(X.device, X.element_size())
-                                    // per_query)))
-    blocks = [(X[q:q + batch_size], None if exclude is None else exclude[q:q + batch_size])
+        batch_size = int(max(1, min(n_x, 4096, budget // max(1, S * key_chunk * R))))
+    angles = torch.as_tensor(grid.angles, dtype=dtype, device=device)
+    shifts_t = torch.as_tensor(grid.shifts, dtype=dtype, device=device)
+    Kw = warp_keys(Y, angles, pad=m)
+    E = shift_energies(Kw, grid.shifts, tuple(Y.shape[1:]))
+    blocks = [(X[q:q + batch_size],
+               None if exclude is None else exclude[q:q + batch_size].to(device))
               for q in range(0, n_x, batch_size)]
-    out = blocked_map(_grid_block, blocks, shared=(Y, grid, k), client=client)
+    out = blocked_map(_grid_block, blocks, shared=(Kw, E, grid.shifts, k, key_chunk),
+                      client=client)
+    kk = int(min(k, n_y - (1 if exclude is not None else 0)))
     if not out:
-        kk = min(k, Y.shape[0])
-        return (X.new_zeros((0, kk)), torch.zeros((0, kk), dtype=torch.long, device=X.device),
+        return (X.new_zeros((0, kk)), torch.zeros((0, kk), dtype=torch.long, device=device),
                 X.new_zeros((0, kk, 3)))
-    return tuple(torch.cat([o[i].to(X.device) for o in out], 0) for i in range(3))
+    dist, index, best = (torch.cat([o[i].to(device) for o in out], 0) for i in range(3))
+    params = torch.stack([angles[best // S], shifts_t[best % S, 0], shifts_t[best % S, 1]], -1)
+    return dist, index, params
 
 
 def _weighted_block(block, keys):
