@@ -376,6 +376,21 @@ def refine_pairs(X: torch.Tensor, Y: torch.Tensor, qi: torch.Tensor, kj: torch.T
     return dist, out
 
 
+def all_pairs(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, batch_size=None):
+    """Grid search over every pair, then (``grid.refine``) refinement of every pair.
+
+    Returns ``(D (n_x, n_y), params (n_x, n_y, 3))``.
+    """
+    D, P = grid_search(X, Y, grid, batch_size=batch_size)
+    if grid.refine and any(grid.free):
+        n_x, n_y = D.shape
+        qi = torch.arange(n_x, device=X.device).repeat_interleave(n_y)
+        kj = torch.arange(n_y, device=X.device).repeat(n_x)
+        d, p = refine_pairs(X, Y, qi, kj, P.reshape(-1, 3), grid)
+        D, P = d.reshape(n_x, n_y), p.reshape(n_x, n_y, 3)
+    return D, P
+
+
 # ----------------------------------------------------------------------------- public
 def to_images(X, *, name, image_shape=None, device, min_samples=1):
     """Validate and convert to a ``(n, C, H, W)`` tensor on ``device``; also return the kind."""
@@ -460,14 +475,7 @@ def invariant_distances(X, Y=None, *, group="se2", max_rotation=180.0, n_rotatio
         if Yt.dtype != Xt.dtype:
             Xt, Yt = Xt.double(), Yt.double()
     with torch.no_grad():
-        D, P = grid_search(Xt, Yt, grid, batch_size=batch_size)
-        if grid.refine and any(grid.free):
-            n_x, n_y = D.shape
-            qi = torch.arange(n_x, device=dev).repeat_interleave(n_y)
-            kj = torch.arange(n_y, device=dev).repeat(n_x)
-            d, p = refine_pairs(Xt, Yt, qi, kj, P.reshape(-1, 3), grid)
-            D = d.reshape(n_x, n_y)
-            P = p.reshape(n_x, n_y, 3)
+        D, P = all_pairs(Xt, Yt, grid, batch_size=batch_size)
     if is_numpy:
         D = D.cpu().numpy()
         P = P.cpu().numpy().astype(np.float64)

@@ -19,10 +19,10 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ._utils import resolve_device, resolve_image_shape, torch_generator
 from .alignment import (
     GROUPS,
+    all_pairs,
     fast_warp,
     grid_search,
     make_search_grid,
-    refine_pairs,
 )
 from .barycenters import invariant_mean_tensor
 from .transforms import compose_se2
@@ -330,13 +330,7 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
         Xt = self._tensor(X2.astype(self.cluster_centers_.dtype, copy=False), dev)
         C = self._tensor(self.cluster_centers_, dev)
         with torch.no_grad():
-            D, P = grid_search(Xt, C, grid, batch_size=self.batch_size)
-            if grid.refine and any(grid.free):
-                m, c = D.shape
-                qi = torch.arange(m, device=dev).repeat_interleave(c)
-                kj = torch.arange(c, device=dev).repeat(m)
-                d, p = refine_pairs(Xt, C, qi, kj, P.reshape(-1, 3), grid)
-                D, P = d.reshape(m, c), p.reshape(m, c, 3)
+            D, P = all_pairs(Xt, C, grid, batch_size=self.batch_size)
         D = D.cpu().numpy().astype(X2.dtype)
         return (D, P.cpu().numpy()) if return_alignments else D
 
@@ -496,14 +490,14 @@ class _ComposedMeans:
 
 def _make_search(grid, batch_size, exact, n_candidates, client):
     """``search(queries, keys, k) -> (dist, index, params)``: the top-k invariant neighbours."""
-    from .neighbors import neighbor_search
+    from .neighbors import blocked_grid_search, neighbor_search
 
     def search(Q, K, k):
         if exact and client is None:
             return grid_search(Q, K, grid, k=k, batch_size=batch_size)
-        # with a client, the exact search is the candidate search over every key, on dask
-        nc = K.shape[0] if exact else n_candidates
-        return neighbor_search(Q, K, grid, k=k, n_candidates=nc, client=client)
+        if exact:  # one dask task per block of queries, keys warped and sent once
+            return blocked_grid_search(Q, K, grid, k=k, batch_size=batch_size, client=client)
+        return neighbor_search(Q, K, grid, k=k, n_candidates=n_candidates, client=client)
 
     return search
 
@@ -603,8 +597,12 @@ def _merge_modes(M, labels, modes, n_clusters, grid, batch_size, log, sparse=Non
     from scipy.cluster.hierarchy import linkage
     from scipy.spatial.distance import squareform
 
+    from .neighbors import check_fits
+
     n = M.shape[0]
     if n <= _FULL_LINKAGE_MAX:
+        check_fits(n * n * 12, M.device if sparse is None else "cpu",
+                   "the all-pairs distances of the final linkage")
         if sparse is None:
             D, _ = grid_search(M, M, grid, batch_size=batch_size)
             D = D.to(torch.float64).cpu().numpy()
