@@ -176,7 +176,7 @@ def run_estimator(X, max_translation, args, shortlisted):
     """``shortlisted``: True/False select neighbor_search="shortlist"/"exact"; None: the
     estimator has no such parameter (it searches exactly)."""
     params = dict(n_clusters=10, max_rotation=args.max_rotation, n_rotations=args.n_rotations,
-                  max_translation=max_translation, random_state=0)
+                  max_translation=max_translation, max_iter=args.max_iter, random_state=0)
     if shortlisted is not None:
         params["neighbor_search"] = "shortlist" if shortlisted else "exact"
     est = InvariantAttentionClusterer(**params)
@@ -337,6 +337,8 @@ def main(argv=None):
     p.add_argument("--recall", action="store_true")
     p.add_argument("--recall-rotations", type=int, nargs="+", default=[17, 24])
     p.add_argument("--recall-translations", type=int, nargs="+", default=[0, 2])
+    p.add_argument("--max-iter", type=int, default=50,
+                   help="the estimator's max_iter (bench_clustering uses 15)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's); 1 is steadier on a busy "
                         "machine")
