@@ -289,7 +289,9 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
             self._log(f"{len(modes)} modes after {len(history)} iterations "
                       f"({time.perf_counter() - t0:.1f} s)")
             if self.n_clusters is not None:
-                sparse = None if exact else (D, idx_m)
+                # the exact all-pairs distances of the means when affordable, else the kNN graph
+                affordable = exact or n * grid.size <= _AUTO_EXACT_WORK * 3
+                sparse = None if affordable else (D, idx_m)
                 labels = _merge_modes(M, labels, modes, self.n_clusters, grid,
                                       self.batch_size, self._log, sparse=sparse)
             labels = _relabel_by_size(labels)
