@@ -76,7 +76,10 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
         bandwidths (``d_inv < 4 min(sigma_i^2, sigma_j^2)``).
         An int: average linkage on the invariant distance between the converged means, cut at
         ``n_clusters`` (every sample's mean is a point up to 12,000 samples; beyond, one
-        representative per mode weighted by the mode's size).
+        representative per mode weighted by the mode's size). The all-pairs distances are
+        exact while ``n_samples x`` (grid size) is at most ``3 x 4000 x 36``; beyond, only each
+        mean's nearest means are known and the other pairs count as twice the largest known
+        distance.
     group : {"se2", "rotation", "translation", "none"}, default="se2"
         "none" is plain kernel attention (Gaussian blurring mean shift), the baseline.
     max_rotation : float, default=180.0
