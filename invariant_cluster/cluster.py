@@ -158,9 +158,10 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
     is the grid optimum during the iterations; the continuous refinement (``refine=True``)
     is applied to the final alignments, distances and centres, where its precision is visible.
     The bandwidth rule, the mode tolerance and the final average linkage are this library's
-    choices; the paper is silent on them. On MNIST (n = 2000, +-45 degrees) average linkage on the
-    means reached ACC 0.77 where linking one representative per connected component reached 0.65
-    (components chain neighbouring digits) and complete linkage 0.44.
+    choices; the paper is silent on them. In one development run on MNIST (n = 2000, +-45
+    degrees, the same converged means) average linkage on the means reached ACC 0.77, linking one
+    representative per connected component 0.65 (components chain neighbouring digits) and
+    complete linkage 0.44; ``benchmarks/bench_clustering.py`` measures the current default.
 
     Examples
     --------
