@@ -116,7 +116,7 @@ def check_images(X, *, name="X", image_shape=None, allow_torch=True, min_samples
         X = X.to(dtype)
         finite = bool(torch.isfinite(X).all()) if X.numel() else True
     else:
-        X = np.asarray(X) if not hasattr(X, "__array__") else np.asarray(X)
+        X = np.asarray(X)
         if X.dtype == object:
             raise TypeError(f"{name}: expected a real numeric array, got dtype object")
         if np.iscomplexobj(X):
@@ -144,7 +144,6 @@ def check_images(X, *, name="X", image_shape=None, allow_torch=True, min_samples
         if 0 in shape:
             raise ValueError(f"{name}: got an empty image shape {tuple(X.shape)}")
         if image_shape is not None:
-            resolve_image_shape(math.prod(shape), image_shape)  # must at least agree in size
             shape = resolve_image_shape(math.prod(shape), image_shape)
         X = X.reshape(n, -1)
     if not finite:

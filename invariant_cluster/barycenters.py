@@ -105,9 +105,8 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
         if not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
             raise ValueError("weights: expected finite non-negative values with a positive sum")
         w = torch.as_tensor(w / w.sum(), dtype=Xt.dtype, device=dev)
-    for name, val in (("max_iter", max_iter),):
-        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 1:
-            raise ValueError(f"{name}: expected an int >= 1, got {val!r}")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, numbers.Integral) or max_iter < 1:
+        raise ValueError(f"max_iter: expected an int >= 1, got {max_iter!r}")
     with torch.no_grad():
         mu, params, _ = invariant_mean_tensor(Xt, w, grid, max_iter=max_iter, tol=tol,
                                               batch_size=batch_size)

@@ -289,7 +289,7 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
                 D, idx_m, _ = search(M, M, k)
             else:
                 idx_m = idx
-            labels, modes = _find_modes(M, grid, D, idx_m, sigma2)
+            labels, modes = _find_modes(M, D, idx_m, sigma2)
             self._log(f"{len(modes)} modes after {len(history)} iterations "
                       f"({time.perf_counter() - t0:.1f} s)")
             if self.n_clusters is not None:
@@ -546,7 +546,7 @@ def _iterate(Xt, grid, search, *, k, bandwidth, update, max_iter, tol, generator
     return M, sigma2, D, idx, W, history
 
 
-def _find_modes(M, grid, D, nidx, sigma2):
+def _find_modes(M, D, nidx, sigma2):
     """Connected components of near-identical means (within ``_MODE_EPS sigma^2``).
 
     ``D, nidx``: the invariant distances from each mean to its nearest means.
@@ -558,7 +558,9 @@ def _find_modes(M, grid, D, nidx, sigma2):
     j = nidx[rows, cols].cpu().numpy()
     graph = coo_matrix((np.ones(len(i)), (i, j)), shape=(n, n))
     _, labels = connected_components(graph, directed=False)
-    modes = [np.flatnonzero(labels == c) for c in range(labels.max() + 1)]
+    # one sort instead of a pass over all samples per mode (there can be thousands of modes)
+    order = np.argsort(labels, kind="stable")
+    modes = np.split(order, np.cumsum(np.bincount(labels))[:-1])
     return labels, modes
 
 
