@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _images import random_images
 
 from invariant_cluster import invariant_distances, warp_se2
 from invariant_cluster.alignment import fast_warp
@@ -13,15 +14,7 @@ from invariant_cluster.transforms import invert_se2, rotation_grid, translation_
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 
-def _random(shape, seed=0, border=0):
-    """Uniform random images; ``border`` dark pixels on every side (content never leaves)."""
-    x = np.random.default_rng(seed).random(shape)
-    if border:
-        x[..., :border, :] = 0
-        x[..., -border:, :] = 0
-        x[..., :, :border] = 0
-        x[..., :, -border:] = 0
-    return x
+_random = random_images
 
 
 def _brute_force(X, Y, angles, shifts):

@@ -5,20 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _images import random_images
 
 from invariant_cluster import invariant_distances, invariant_mean, warp_se2
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 
-def _random(shape, seed=0, border=0):
-    x = np.random.default_rng(seed).random(shape)
-    if border:
-        x[..., :border, :] = 0
-        x[..., -border:, :] = 0
-        x[..., :, :border] = 0
-        x[..., :, -border:] = 0
-    return x
+_random = random_images
 
 
 def _closest_copy(mean, copies):
