@@ -1,0 +1,115 @@
+"""Grouping of converged invariant means: from a sparse invariant kNN graph to cluster labels.
+
+Everything here works on a kNN graph given as ``(index, dist)`` arrays of shape ``(n, k)``
+(each row sorted by distance, the sample itself left out): never an ``n x n`` matrix.
+
+- :func:`two_hop_candidates`: the neighbours and the neighbours' neighbours of every sample, the
+  shortlist on which the graph of the means is searched again.
+- :func:`graph_modes`: connected components of the edges shorter than a per-sample tolerance
+  (the partition whose stability stops the blurring update).
+- :func:`embed_and_cluster`: umap-learn's fuzzy simplicial set of the graph, a 10-D embedding and
+  k-means in it, or HDBSCAN when the number of clusters is not given (the grouping measured in
+  ``benchmarks/bench_clustering.py``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+
+# HDBSCAN's density is the distance to the 2nd nearest embedded point: its default (the minimum
+# cluster size) merged two groups of 3 copies in 15 samples; 1 and 2 gave the same partitions on
+# every test set and MNIST.
+_MIN_SAMPLES = 2
+
+
+def two_hop_candidates(index: torch.Tensor) -> torch.Tensor:
+    """Distinct key indices within two hops of every query, ``(n, k + k^2)``.
+
+    Duplicates are replaced by the query's own index (searches leave it out with ``exclude``),
+    so every row has the same width and no key twice apart from the query itself.
+    """
+    n, k = index.shape
+    cand = torch.cat([index, index[index].reshape(n, k * k)], 1)
+    cand, _ = cand.sort(1)
+    dup = torch.zeros_like(cand, dtype=torch.bool)
+    dup[:, 1:] = cand[:, 1:] == cand[:, :-1]
+    own = torch.arange(n, device=index.device)[:, None].expand_as(cand)
+    return torch.where(dup, own, cand)
+
+
+def graph_modes(index: np.ndarray, dist: np.ndarray, tol: np.ndarray) -> np.ndarray:
+    """Labels of the connected components of the edges ``i - index[i, j]`` with
+    ``dist[i, j] <= tol[i]``; an edge counts in either direction."""
+    n = index.shape[0]
+    rows, cols = np.nonzero(dist <= tol[:, None])
+    graph = coo_matrix((np.ones(len(rows)), (rows, index[rows, cols])), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
+    return labels
+
+
+def embed_and_cluster(index: np.ndarray, dist: np.ndarray, n_clusters, random_state,
+                      n_components: int = 10) -> np.ndarray:
+    """UMAP embedding of the kNN graph (``min_dist=0``), then k-means with ``n_clusters``, or
+    HDBSCAN when ``n_clusters`` is None (the modes of the embedded density).
+
+    ``index``/``dist``: ``(n, k)`` without the sample itself; umap-learn wants it in column 0.
+    ``random_state`` is an int (it seeds umap-learn's layout and k-means' starts). HDBSCAN's
+    smallest cluster is 1% of the samples (at least 3); the samples it calls noise join the
+    cluster of their nearest clustered sample in the embedding.
+    """
+    from sklearn.cluster import HDBSCAN, KMeans
+    from sklearn.neighbors import NearestNeighbors
+
+    n, k = index.shape
+    if n_clusters is not None and n <= n_clusters:
+        return np.arange(n)
+    emb = embed_graph(index, dist, random_state, n_components)
+    if n_clusters is not None:
+        return KMeans(n_clusters, n_init=10, random_state=random_state).fit_predict(emb)
+    labels = HDBSCAN(min_cluster_size=max(3, int(round(0.01 * n))), min_samples=_MIN_SAMPLES,
+                     copy=True).fit_predict(emb.astype(np.float64))
+    noise = labels < 0
+    if noise.all():
+        return np.zeros(n, dtype=np.int64)
+    if noise.any():
+        nn = NearestNeighbors(n_neighbors=1).fit(emb[~noise])
+        labels[noise] = labels[~noise][nn.kneighbors(emb[noise], return_distance=False)[:, 0]]
+    return labels
+
+
+def embed_graph(index: np.ndarray, dist: np.ndarray, random_state,
+                n_components: int = 10) -> np.ndarray:
+    """umap-learn's embedding (``min_dist=0``) of a kNN graph given as ``(n, k)`` arrays."""
+    n, k = index.shape
+    idx = np.concatenate([np.arange(n)[:, None], index], 1).astype(np.int64)
+    dst = np.concatenate([np.zeros((n, 1)), dist], 1).astype(np.float32)
+    n_components = int(max(1, min(n_components, n - 2)))
+    if n <= n_components + 2 or k < 2:
+        # too small for a layout: each sample's graph distances to all samples
+        emb = np.full((n, n), float(dst.max()) * 2.0 + 1.0)
+        np.put_along_axis(emb, idx, dst, axis=1)
+        return emb
+    return _umap_embedding(idx, dst, n_components, random_state)
+
+
+def _umap_embedding(idx, dst, n_components, random_state):
+    import umap
+
+    n, k = idx.shape
+    with warnings.catch_warnings():
+        # umap-learn warns that a seed disables its parallel layout, and about tiny graphs
+        warnings.simplefilter("ignore")
+        reducer = umap.UMAP(n_components=n_components, n_neighbors=k, min_dist=0.0,
+                            metric="euclidean", precomputed_knn=(idx, dst, None),
+                            force_approximation_algorithm=True, random_state=random_state,
+                            init="spectral" if n > 3 * n_components else "random",
+                            n_jobs=1)
+        # umap-learn needs data of the right length only for its checks; the layout comes from
+        # the precomputed graph
+        return reducer.fit_transform(np.zeros((n, 1), np.float32))
