@@ -63,6 +63,10 @@ def _align_signs(A, B):
     return B * np.sign((A * B).sum(0))
 
 
+# The Eq.-6 identity: the attention convention's scale and the raw (unwhitened) projections.
+EXACT = dict(scale="attention", whiten=False, device="cpu")
+
+
 @pytest.fixture
 def data():
     rng = np.random.RandomState(0)
@@ -71,7 +75,7 @@ def data():
 
 def test_transform_matches_formula_reference(data):
     X, Q = data
-    est = KernelPCAAttention(n_components=7, device="cpu").fit(X)
+    est = KernelPCAAttention(n_components=7, **EXACT).fit(X)
     w, A, proj, _ = _reference(X, Q, n_components=7)
     np.testing.assert_allclose(est.eigenvalues_, w, rtol=1e-10)
     H = est.transform(Q)
@@ -82,7 +86,7 @@ def test_transform_matches_formula_reference(data):
 
 def test_transform_is_softmax_attention_with_values(data):
     X, Q = data
-    est = KernelPCAAttention(device="cpu").fit(X)
+    est = KernelPCAAttention(**EXACT).fit(X)
     logits = est.scale_ * Q @ X.T
     attn = np.exp(logits - logits.max(1, keepdims=True))
     attn /= attn.sum(1, keepdims=True)
@@ -95,7 +99,7 @@ def test_transform_is_softmax_attention_with_values(data):
 def test_matches_sklearn_kernel_pca(data):
     X, _ = data
     n = X.shape[0]
-    est = KernelPCAAttention(device="cpu").fit(X)
+    est = KernelPCAAttention(**EXACT).fit(X)
     *_, Kphi = _reference(X, X)
     sk = KernelPCA(kernel="precomputed", eigen_solver="dense")
     Z = sk.fit_transform(Kphi)
@@ -116,7 +120,7 @@ def test_matches_sklearn_kernel_pca(data):
 def test_eigenvector_normalisation_gives_unit_axes(data):
     X, _ = data
     n = X.shape[0]
-    est = KernelPCAAttention(device="cpu").fit(X)
+    est = KernelPCAAttention(**EXACT).fit(X)
     A, lam = est.eigenvectors_, est.eigenvalues_
     np.testing.assert_allclose((A * A).sum(0), 1 / (n * lam), rtol=1e-8)
     *_, Kphi = _reference(X, X)
@@ -134,11 +138,11 @@ def test_near_zero_eigenvalues_are_dropped():
     rng = np.random.RandomState(1)
     base = rng.normal(size=(3, 5))
     X = base[rng.randint(0, 3, size=30)]  # 3 distinct keys: centred rank <= 2
-    est = KernelPCAAttention(device="cpu").fit(X)
+    est = KernelPCAAttention(**EXACT).fit(X)
     assert est.eigenvalues_.shape == (2,)
     assert np.all(est.eigenvalues_ > 0)
     with pytest.warns(UserWarning, match="below the tolerance"):
-        est4 = KernelPCAAttention(n_components=4, device="cpu").fit(X)
+        est4 = KernelPCAAttention(n_components=4, **EXACT).fit(X)
     assert est4.transform(X).shape == (30, 4)
     np.testing.assert_array_equal(est4.eigenvalues_[2:], 0)
     np.testing.assert_array_equal(est4.transform(X)[:, 2:], 0)
@@ -153,7 +157,7 @@ def test_large_logits_do_not_overflow():
     scale = 1 / np.sqrt(4)
     with np.errstate(over="ignore"):
         assert np.isinf(np.exp(scale * Q @ X.T)).any()  # the naive float64 formula overflows
-    est = KernelPCAAttention(n_components=2, device="cpu").fit(X)
+    est = KernelPCAAttention(n_components=2, **EXACT).fit(X)
     H = est.transform(Q)
     assert np.isfinite(H).all() and np.isfinite(est.values_).all()
     w, _, proj, _ = _reference(X, Q, n_components=2)
@@ -165,22 +169,22 @@ def test_robust_removes_sparse_part():
     rng = np.random.RandomState(3)
     X = rng.normal(size=(32, 8)) @ rng.normal(size=(8, 8)) * 0.3
     X[rng.rand(*X.shape) < 0.05] += 3.0
-    est = KernelPCAAttention(n_components=4, robust=True, device="cpu").fit(X)
+    est = KernelPCAAttention(n_components=4, robust=True, **EXACT).fit(X)
     assert est.sparse_.shape == X.shape
     assert np.count_nonzero(est.sparse_) > 0
     np.testing.assert_allclose(est.keys_, X - est.sparse_)
     assert np.isfinite(est.transform(X)).all()
     # No shrinkage (lam huge) and one iteration: nothing removed, same fit as the plain one.
     est_inf = KernelPCAAttention(n_components=4, robust=True, lam=1e300, n_iter=1,
-                                 device="cpu").fit(X)
+                                 **EXACT).fit(X)
     np.testing.assert_array_equal(est_inf.sparse_, 0)
-    plain = KernelPCAAttention(n_components=4, device="cpu").fit(X)
+    plain = KernelPCAAttention(n_components=4, **EXACT).fit(X)
     np.testing.assert_allclose(est_inf.transform(X), plain.transform(X), atol=1e-12)
 
 
 def test_feature_names_out(data):
     X, _ = data
-    est = KernelPCAAttention(n_components=3, device="cpu").fit(X)
+    est = KernelPCAAttention(n_components=3, **EXACT).fit(X)
     assert list(est.get_feature_names_out()) == [f"kernelpcaattention{i}" for i in range(3)]
 
 
@@ -222,5 +226,8 @@ def test_cuda_matches_cpu(data):
     X, Q = data
     cpu = KernelPCAAttention(n_components=5, device="cpu").fit(X)
     gpu = KernelPCAAttention(n_components=5, device="cuda").fit(X)
+    np.testing.assert_allclose(gpu.transform(Q), cpu.transform(Q), atol=1e-8)
+    cpu = KernelPCAAttention(n_components=5, **EXACT).fit(X)
+    gpu = KernelPCAAttention(n_components=5, **{**EXACT, "device": "cuda"}).fit(X)
     assert isinstance(gpu.eigenvectors_, np.ndarray)
     np.testing.assert_allclose(gpu.transform(Q), cpu.transform(Q), atol=1e-10)

@@ -38,7 +38,7 @@ def _kernel_terms(Q, K, s):
 class TestProjectionLoss:
     def test_exact_kpca_values_closed_form(self, qk):
         Q, K = qk
-        est = KernelPCAAttention(device="cpu").fit(K)  # all N - 1 components
+        est = KernelPCAAttention(scale="attention", device="cpu").fit(K)  # all N - 1 components
         out = projection_loss(Q, K, est.values_)
         phi_sq, b, Kc = _kernel_terms(Q, K, 1 / math.sqrt(6))
         # Residual of varphi(q) off the span of the centred features: ||varphi||^2 - b Kc^+ b.
@@ -56,8 +56,8 @@ class TestProjectionLoss:
     def test_fewer_components_larger_loss(self, qk):
         Q, K = qk
         losses = [
-            projection_loss(Q, K, KernelPCAAttention(n_components=m, device="cpu")
-                            .fit(K).values_)["mean_j_proj"]
+            projection_loss(Q, K, KernelPCAAttention(n_components=m, scale="attention",
+                                                     device="cpu").fit(K).values_)["mean_j_proj"]
             for m in (2, 8, 29)
         ]
         assert losses[0] > losses[1] > losses[2] >= 0
@@ -76,7 +76,7 @@ class TestProjectionLoss:
 
     def test_official_form(self, qk):
         Q, K = qk
-        est = KernelPCAAttention(device="cpu").fit(K)
+        est = KernelPCAAttention(scale="attention", device="cpu").fit(K)
         off = projection_loss(Q, K, est.values_, form="official")
         con = projection_loss(Q, K, est.values_)
         phi_unscaled, *_ = _kernel_terms(Q, K, 1.0)
@@ -123,7 +123,7 @@ class TestProjectionLoss:
 class TestEigenvectorCheck:
     def test_exact_values_at_round_off(self, qk):
         _, K = qk
-        est = KernelPCAAttention(n_components=6, device="cpu").fit(K)
+        est = KernelPCAAttention(n_components=6, scale="attention", device="cpu").fit(K)
         out = eigenvector_check(K, est.values_, random_state=0)
         n_lambda = K.shape[0] * est.eigenvalues_
         np.testing.assert_allclose(out["eigenvalue"], n_lambda, rtol=1e-10)
