@@ -266,6 +266,13 @@ class KernelPCAAttention(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     query row holds its ``n_neighbors + 1`` nearest keys, its Gram row also its reverse
     neighbours, so ``transform(keys_)`` is close to, not equal to, ``K_phi (A - mean A)``.
 
+    The kNN-truncated invariant kernel is not positive semi-definite (neither truncation nor
+    the max over transformations preserves it): ``Kc`` has negative eigenvalues, and only the
+    leading (positive) components have the projection reading. With many components the
+    projection loss of :func:`~invariant_cluster.diagnostics.projection_loss` can then be
+    negative (measured on scikit-learn's digits: positive with 3 components, negative for some
+    queries with 20 of 60).
+
     Components requested through ``n_components`` whose eigenvalue is below the tolerance get
     ``eigenvalues_ = 0`` and zero eigenvectors and values (their projections are 0, also when
     whitened), with a warning, as scikit-learn's KernelPCA does for a zero eigenvalue.
@@ -348,7 +355,7 @@ class KernelPCAAttention(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         -------
         self : KernelPCAAttention
         """
-        X = validate_data(self, X, dtype=np.float64, ensure_min_samples=2)
+        X = np.ascontiguousarray(validate_data(self, X, dtype=np.float64, ensure_min_samples=2))
         n, n_features = X.shape
         if self.n_components is not None and self.n_components > n:
             raise ValueError(
@@ -564,7 +571,8 @@ class KernelPCAAttention(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             ``(H - mean_) / sqrt(eigenvalues_)``.
         """
         check_is_fitted(self)
-        X = validate_data(self, X, dtype=np.float64, reset=False)
+        # a view such as np.rot90's has negative strides, which torch refuses
+        X = np.ascontiguousarray(validate_data(self, X, dtype=np.float64, reset=False))
         A = self.eigenvectors_ - self.eigenvectors_.mean(axis=0)
         if X.shape[0] == 0:
             return np.zeros((0, A.shape[1]))

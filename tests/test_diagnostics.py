@@ -246,3 +246,40 @@ class TestCaptureAttention:
     def test_bad_model(self):
         with pytest.raises(TypeError, match="model"):
             capture_attention(lambda x: x, torch.zeros(1))
+
+
+class TestPrecomputedKernel:
+    """``kernel=``: the same numbers as the built-in softmax kernel when given exp(s x.y)."""
+
+    def test_projection_loss_softmax_kernel_given(self, qk):
+        Q, K = qk
+        V = np.random.RandomState(2).normal(size=(30, 4))
+        s = 1 / math.sqrt(6)
+        ref = projection_loss(Q, K, V)
+        out = projection_loss(Q, K, V, kernel=np.exp(s * Q @ K.T),
+                              kernel_diag=np.exp(s * (Q * Q).sum(1)))
+        for key in ("phi_q_sq_norm", "h_sq_norm", "j_proj"):
+            np.testing.assert_allclose(out[key], ref[key], rtol=1e-10)
+
+    def test_eigenvector_check_softmax_kernel_given(self, qk):
+        _, K = qk
+        V = KernelPCAAttention(n_components=4, scale="attention", device="cpu").fit(K).values_
+        ref = eigenvector_check(K, V, random_state=0)
+        out = eigenvector_check(K, V, random_state=0,
+                                kernel=np.exp(K @ K.T / math.sqrt(6)))
+        for key in ("eigenvalue", "gamma_median", "rel_diff_mean", "random_rel_diff_mean"):
+            np.testing.assert_allclose(out[key], ref[key], rtol=1e-8, atol=1e-14)
+
+    def test_bad_kernel(self, qk):
+        Q, K = qk
+        V = np.ones((30, 2))
+        with pytest.raises(ValueError, match="kernel"):
+            projection_loss(Q, K, V, kernel=np.ones((25, 29)))
+        with pytest.raises(ValueError, match="form"):
+            projection_loss(Q, K, V, kernel=np.ones((25, 30)), form="official")
+        with pytest.raises(ValueError, match="kernel_diag"):
+            projection_loss(Q, K, V, kernel=np.ones((25, 30)), kernel_diag=np.ones(3))
+        with pytest.raises(ValueError, match="kernel"):
+            eigenvector_check(K, V, kernel=-np.ones((30, 30)))
+        with pytest.raises(ValueError, match="kernel"):
+            eigenvector_check(K[None], V[None], kernel=np.ones((30, 30)))
