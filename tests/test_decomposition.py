@@ -240,6 +240,11 @@ class TestBadInput:
             KernelPCAAttention(scale=-1.0).fit(X)
         with pytest.raises(ValueError, match="n_components"):
             KernelPCAAttention(n_components=0).fit(X)
+        with pytest.raises(ValueError, match="scale"):
+            KernelPCAAttention(scale="sqrt").fit(X)
+        with pytest.raises(ValueError, match="whiten"):
+            KernelPCAAttention(whiten="yes").fit(X)
+        assert KernelPCAAttention(scale=None, device="cpu").fit(X).scale_ == 1 / np.sqrt(6)
         with pytest.raises(ValueError, match="device"):
             KernelPCAAttention(device="tpu").fit(X)
 
