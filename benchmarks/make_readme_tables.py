@@ -2,7 +2,8 @@
 
 Each JSON file ``results/<name>.json`` becomes one section wrapped in the markers
 ``<!-- bench:<name> -->`` ... ``<!-- /bench:<name> -->``. Known benchmarks (``clustering``,
-``alignment``, ``scaling``, ``kpca_diagnostics``, ``rpc_robustness``) get a dedicated table;
+``alignment``, ``scaling``, ``kpca_diagnostics``, ``rpc_robustness``, ``kpca_features``) get a
+dedicated table;
 any other file gets a generic one (its ``rows`` or ``sweep`` records, else its top-level
 numbers). Every section ends with the hardware the numbers were measured on, as the JSON
 records it.
@@ -185,6 +186,29 @@ def table_scaling(r):
     return "\n".join(out)
 
 
+def table_kpca_features(r):
+    rows = r.get("rows", [])
+    variants = list(dict.fromkeys(row["data"] for row in rows))
+    feats = list(dict.fromkeys(row["features"] for row in rows))
+    cell = {(row["data"], row["features"]): row for row in rows}
+    out = []
+    if rows:
+        sizes = ", ".join(f"{v}: {cell[(v, feats[0])]['n_train']:,} train / "
+                          f"{cell[(v, feats[0])]['n_test']:,} test" for v in variants
+                          if (v, feats[0]) in cell)
+        out.append(f"Test accuracy of `LogisticRegression` on each feature map (seconds of fit "
+                   f"+ predict in brackets); {sizes}.\n")
+        body = [[f] + [f"{fmt(cell[(v, f)]['accuracy'])} ({cell[(v, f)]['seconds']:.0f} s)"
+                       if (v, f) in cell else "–" for v in variants] for f in feats]
+        out.append(md_table(["features", *variants], body, ["l"] + ["r"] * len(variants)))
+    digits = r.get("digits_cv", [])
+    if digits:
+        out.append("\nscikit-learn digits, 3-fold cross-validation:\n")
+        out.append(md_table(["pipeline", "accuracy"],
+                            [[d["pipeline"], d["cv3_accuracy"]] for d in digits], ["l", "r"]))
+    return "\n".join(out) or table_generic(r)
+
+
 def table_generic(r):
     for key in ("rows", "sweep", "results"):
         rows = r.get(key)
@@ -203,6 +227,7 @@ FORMATTERS = {
     "scaling": table_scaling,
     "kpca_diagnostics": table_kpca,
     "rpc_robustness": table_rpc,
+    "kpca_features": table_kpca_features,
 }
 
 

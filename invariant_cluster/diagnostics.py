@@ -17,10 +17,18 @@ import math
 import numbers
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from sklearn.utils import check_random_state
 
-from .decomposition import _centre, _log_normalisers, _normalised_gram
+from .decomposition import (
+    _centre,
+    _centred_apply,
+    _leading_eigen,
+    _log_normalisers,
+    _normalised_gram,
+    _sparse_normalised_gram,
+)
 
 __all__ = ["projection_loss", "eigenvector_check", "capture_attention"]
 
@@ -47,6 +55,19 @@ def _as_float64(x, name):
     return t
 
 
+def _kernel_matrix(kernel, shape, name, ndim):
+    """A CSR matrix of precomputed kernel values of the expected ``shape`` (2-D inputs only)."""
+    if ndim != 2:
+        raise ValueError(f"{name}: a precomputed kernel needs 2-D (n_tokens, dim) inputs, got "
+                         f"{ndim}-D ones")
+    W = sp.csr_matrix(kernel, dtype=np.float64)
+    if W.shape != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {W.shape}")
+    if not np.all(np.isfinite(W.data)) or np.any(W.data < 0):
+        raise ValueError(f"{name}: expected finite non-negative kernel values")
+    return W
+
+
 def _check_qkv(Q, K, V, scale):
     """Validate shapes ``Q (..., M, D)``, ``K (..., N, D)``, ``V (..., N, m)`` and the scale."""
     if Q is not None and (Q.shape[:-2] != K.shape[:-2] or Q.shape[-1] != K.shape[-1]):
@@ -68,7 +89,7 @@ def _check_qkv(Q, K, V, scale):
     return float(scale)
 
 
-def projection_loss(Q, K, V, scale=None, form="consistent"):
+def projection_loss(Q, K, V, scale=None, form="consistent", *, kernel=None, kernel_diag=None):
     """Reconstruction (projection) loss ``J_proj`` of one attention layer, with both its terms.
 
     ``J_proj = (1/M) sum_i (||varphi(q_i)||^2 - ||h_i||^2)`` with ``h_i = softmax(s q_i K^T) V``
@@ -91,6 +112,14 @@ def projection_loss(Q, K, V, scale=None, form="consistent"):
         ``loss`` is ``mean_j_proj``. ``"official"``: the authors' released code, which leaves the
         scale out of the two exponentials of ``||varphi(q_i)||^2`` (``exp(q.q)`` and
         ``g(q) = sum_j exp(q.k_j)``) and reports ``loss = log(mean_j_proj)``.
+    kernel : array-like or scipy.sparse matrix of shape (M, N), default=None
+        Kernel values ``k(q_i, k_j)`` of another kernel (2-D inputs only), used instead of
+        ``exp(s q_i.k_j)``: ``g(q_i)`` is the row sum, ``h_i = (kernel_i / g(q_i)) V`` and
+        ``||varphi(q_i)||^2 = k(q_i, q_i) / g(q_i)^2``. For the invariant kernel pass
+        ``KernelPCAAttention(kernel="invariant").kernel_matrix(Q)``. Only ``form="consistent"``.
+    kernel_diag : array-like of shape (M,), default=None
+        ``k(q_i, q_i)`` for ``kernel``; None means 1 (any ``exp(-d(q, .))`` with
+        ``d(q, q) = 0``, the invariant kernel included).
 
     Returns
     -------
@@ -121,14 +150,29 @@ def projection_loss(Q, K, V, scale=None, form="consistent"):
         raise ValueError(f"form: expected 'consistent' or 'official', got {form!r}")
     Q, K, V = _as_float64(Q, "Q"), _as_float64(K, "K"), _as_float64(V, "V")
     scale = _check_qkv(Q, K, V, scale)
-    logits = scale * (Q @ K.transpose(-2, -1))
-    h = torch.softmax(logits, dim=-1) @ V
-    h_sq = (h * h).sum(dim=-1)
-    qq = (Q * Q).sum(dim=-1)
-    if form == "consistent":
-        phi_sq = torch.exp(scale * qq - 2.0 * torch.logsumexp(logits, dim=-1))
+    if kernel is not None:
+        if form != "consistent":
+            raise ValueError("form: a precomputed kernel has no 'official' form, got "
+                             f"form={form!r} with kernel given")
+        Wq = _kernel_matrix(kernel, (Q.shape[-2], K.shape[-2]), "kernel", Q.ndim)
+        g = np.asarray(Wq.sum(axis=1)).ravel()
+        if not np.all(g > 0):
+            raise ValueError("kernel: every query needs a positive kernel value (a row sums "
+                             "to 0)")
+        h = torch.as_tensor(np.asarray(sp.diags(1.0 / g) @ Wq @ V.numpy()))
+        diag = np.ones_like(g) if kernel_diag is None else np.asarray(kernel_diag, np.float64)
+        if diag.shape != g.shape:
+            raise ValueError(f"kernel_diag: expected shape {g.shape}, got {diag.shape}")
+        phi_sq = torch.as_tensor(diag / g**2)
     else:
-        phi_sq = torch.exp(qq - 2.0 * _log_normalisers(Q, K, 1.0))
+        logits = scale * (Q @ K.transpose(-2, -1))
+        h = torch.softmax(logits, dim=-1) @ V
+        qq = (Q * Q).sum(dim=-1)
+        if form == "consistent":
+            phi_sq = torch.exp(scale * qq - 2.0 * torch.logsumexp(logits, dim=-1))
+        else:
+            phi_sq = torch.exp(qq - 2.0 * _log_normalisers(Q, K, 1.0))
+    h_sq = (h * h).sum(dim=-1)
     j = phi_sq - h_sq
     mean_j = float(j.mean())
     if form == "consistent":
@@ -163,7 +207,7 @@ def _pair_stats(gamma):
     return diff.mean(-1), diff.std(-1, correction=0), rel.mean(-1), rel.std(-1, correction=0)
 
 
-def eigenvector_check(K, V, scale=None, n_random=10, random_state=None):
+def eigenvector_check(K, V, scale=None, n_random=10, random_state=None, *, kernel=None):
     """Test whether values are kernel-PCA eigenvectors of the keys' Gram matrix ("Eq. 11").
 
     From the values recover ``a_hat_d = G v_d`` (``G = diag(g(k_j))``). If ``V`` has the kernel
@@ -184,6 +228,11 @@ def eigenvector_check(K, V, scale=None, n_random=10, random_state=None):
         Random vectors per component for the baseline.
     random_state : None, int or numpy.random.RandomState, default=None
         Seeds the baseline's random vectors (a local generator).
+    kernel : array-like or scipy.sparse matrix of shape (N, N), default=None
+        Symmetric kernel values ``k(k_i, k_j)`` of another kernel (2-D inputs only), used
+        instead of ``exp(s k_i.k_j)``; e.g. ``KernelPCAAttention(kernel="invariant").gram_``.
+        A sparse matrix stays sparse (``Kc`` is applied as an operator, and only the ``m``
+        leading eigenvalues are computed); the pair statistics still cost ``O(N^2 m)``.
 
     Returns
     -------
@@ -221,21 +270,33 @@ def eigenvector_check(K, V, scale=None, n_random=10, random_state=None):
     if n < 2:
         raise ValueError(f"K: expected at least 2 keys, got shape {tuple(K.shape)}")
     rng = check_random_state(random_state)
-    gram, log_g = _normalised_gram(K, scale)
-    Kc = _centre(gram)
-    evals = torch.linalg.eigvalsh(Kc).flip(-1)
     eigenvalue = torch.full((*K.shape[:-2], m), math.nan, dtype=torch.float64)
-    eigenvalue[..., : min(m, n)] = evals[..., : min(m, n)]
+    if kernel is None:
+        gram, log_g = _normalised_gram(K, scale)
+        Kc = _centre(gram)
+        evals = torch.linalg.eigvalsh(Kc).flip(-1)
+        eigenvalue[..., : min(m, n)] = evals[..., : min(m, n)]
+
+        def apply_kc(a):  # (..., m, N) -> a Kc (Kc is symmetric: (Kc a)^T = a^T Kc)
+            return a @ Kc
+    else:
+        Kphi, log_g = _sparse_normalised_gram(_kernel_matrix(kernel, (n, n), "kernel", K.ndim))
+        evals, _ = _leading_eigen(Kphi, min(m, n))
+        eigenvalue[: min(m, n)] = torch.as_tensor(evals[: min(m, n)].copy())
+        log_g = torch.as_tensor(log_g)
+
+        def apply_kc(a):
+            return torch.as_tensor(_centred_apply(Kphi, a.T.numpy()).T.copy())
     g = torch.exp(log_g - log_g.amax(dim=-1, keepdim=True))
     a_hat = (g[..., :, None] * V).transpose(-2, -1)  # (..., m, N)
-    gamma = (a_hat @ Kc) / a_hat  # Kc is symmetric: (Kc a)^T = a^T Kc
+    gamma = apply_kc(a_hat) / a_hat
     stats = _pair_stats(gamma)
     norms = a_hat.norm(dim=-1, keepdim=True)  # (..., m, 1)
     rand_stats = [torch.zeros_like(s) for s in stats]
     for _ in range(int(n_random)):
         r = torch.as_tensor(rng.standard_normal(size=a_hat.shape))
         r = r * norms / r.norm(dim=-1, keepdim=True)
-        for acc, s in zip(rand_stats, _pair_stats((r @ Kc) / r)):
+        for acc, s in zip(rand_stats, _pair_stats(apply_kc(r) / r)):
             acc += s / n_random
     names = ("abs_diff_mean", "abs_diff_std", "rel_diff_mean", "rel_diff_std")
     result = {"eigenvalue": eigenvalue.numpy(), "gamma_median": gamma.median(-1).values.numpy()}

@@ -65,3 +65,21 @@ def test_rpc_robustness_quick(tmp_path):
     assert {"SymViT_mean", "SymViT_std", "RPC-SymViT_mean", "RPC-SymViT_std", "diff_mean",
             "diff_std"} <= set(conds["clean"])
     assert all(0.0 <= v["SymViT_mean"] <= 1.0 for v in conds.values())
+
+
+@pytest.mark.skipif(not _have("mnist"), reason=f"MNIST not found under {DATA}")
+def test_kpca_features_quick(tmp_path):
+    stdout = _run("bench_kpca_features.py", tmp_path)
+    assert "3-fold cross-validation" in stdout
+    res = json.loads((tmp_path / "kpca_features.json").read_text())
+    assert {"config", "environment", "rows", "digits_cv", "wall_s"} <= set(res)
+    feats = {"pixels", "PCA", "KernelPCA(rbf)", "KernelPCAAttention",
+             "KernelPCAAttention(invariant)"}
+    for data in ("rotated45", "unrotated"):
+        rows = [r for r in res["rows"] if r["data"] == data]
+        assert {r["features"] for r in rows} == feats
+        assert all(0.0 <= r["accuracy"] <= 1.0 and r["seconds"] >= 0 for r in rows)
+    cv = {d["pipeline"]: d["cv3_accuracy"] for d in res["digits_cv"]}
+    rbf = next(v for k, v in cv.items() if "rbf" in k)
+    default = next(v for k, v in cv.items() if "defaults" in k)
+    assert default >= rbf  # the pipeline, measured in the same run

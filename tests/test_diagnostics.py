@@ -38,7 +38,7 @@ def _kernel_terms(Q, K, s):
 class TestProjectionLoss:
     def test_exact_kpca_values_closed_form(self, qk):
         Q, K = qk
-        est = KernelPCAAttention(device="cpu").fit(K)  # all N - 1 components
+        est = KernelPCAAttention(scale="attention", device="cpu").fit(K)  # all N - 1 components
         out = projection_loss(Q, K, est.values_)
         phi_sq, b, Kc = _kernel_terms(Q, K, 1 / math.sqrt(6))
         # Residual of varphi(q) off the span of the centred features: ||varphi||^2 - b Kc^+ b.
@@ -56,8 +56,8 @@ class TestProjectionLoss:
     def test_fewer_components_larger_loss(self, qk):
         Q, K = qk
         losses = [
-            projection_loss(Q, K, KernelPCAAttention(n_components=m, device="cpu")
-                            .fit(K).values_)["mean_j_proj"]
+            projection_loss(Q, K, KernelPCAAttention(n_components=m, scale="attention",
+                                                     device="cpu").fit(K).values_)["mean_j_proj"]
             for m in (2, 8, 29)
         ]
         assert losses[0] > losses[1] > losses[2] >= 0
@@ -76,7 +76,7 @@ class TestProjectionLoss:
 
     def test_official_form(self, qk):
         Q, K = qk
-        est = KernelPCAAttention(device="cpu").fit(K)
+        est = KernelPCAAttention(scale="attention", device="cpu").fit(K)
         off = projection_loss(Q, K, est.values_, form="official")
         con = projection_loss(Q, K, est.values_)
         phi_unscaled, *_ = _kernel_terms(Q, K, 1.0)
@@ -123,7 +123,7 @@ class TestProjectionLoss:
 class TestEigenvectorCheck:
     def test_exact_values_at_round_off(self, qk):
         _, K = qk
-        est = KernelPCAAttention(n_components=6, device="cpu").fit(K)
+        est = KernelPCAAttention(n_components=6, scale="attention", device="cpu").fit(K)
         out = eigenvector_check(K, est.values_, random_state=0)
         n_lambda = K.shape[0] * est.eigenvalues_
         np.testing.assert_allclose(out["eigenvalue"], n_lambda, rtol=1e-10)
@@ -246,3 +246,40 @@ class TestCaptureAttention:
     def test_bad_model(self):
         with pytest.raises(TypeError, match="model"):
             capture_attention(lambda x: x, torch.zeros(1))
+
+
+class TestPrecomputedKernel:
+    """``kernel=``: the same numbers as the built-in softmax kernel when given exp(s x.y)."""
+
+    def test_projection_loss_softmax_kernel_given(self, qk):
+        Q, K = qk
+        V = np.random.RandomState(2).normal(size=(30, 4))
+        s = 1 / math.sqrt(6)
+        ref = projection_loss(Q, K, V)
+        out = projection_loss(Q, K, V, kernel=np.exp(s * Q @ K.T),
+                              kernel_diag=np.exp(s * (Q * Q).sum(1)))
+        for key in ("phi_q_sq_norm", "h_sq_norm", "j_proj"):
+            np.testing.assert_allclose(out[key], ref[key], rtol=1e-10)
+
+    def test_eigenvector_check_softmax_kernel_given(self, qk):
+        _, K = qk
+        V = KernelPCAAttention(n_components=4, scale="attention", device="cpu").fit(K).values_
+        ref = eigenvector_check(K, V, random_state=0)
+        out = eigenvector_check(K, V, random_state=0,
+                                kernel=np.exp(K @ K.T / math.sqrt(6)))
+        for key in ("eigenvalue", "gamma_median", "rel_diff_mean", "random_rel_diff_mean"):
+            np.testing.assert_allclose(out[key], ref[key], rtol=1e-8, atol=1e-14)
+
+    def test_bad_kernel(self, qk):
+        Q, K = qk
+        V = np.ones((30, 2))
+        with pytest.raises(ValueError, match="kernel"):
+            projection_loss(Q, K, V, kernel=np.ones((25, 29)))
+        with pytest.raises(ValueError, match="form"):
+            projection_loss(Q, K, V, kernel=np.ones((25, 30)), form="official")
+        with pytest.raises(ValueError, match="kernel_diag"):
+            projection_loss(Q, K, V, kernel=np.ones((25, 30)), kernel_diag=np.ones(3))
+        with pytest.raises(ValueError, match="kernel"):
+            eigenvector_check(K, V, kernel=-np.ones((30, 30)))
+        with pytest.raises(ValueError, match="kernel"):
+            eigenvector_check(K[None], V[None], kernel=np.ones((30, 30)))
