@@ -403,6 +403,35 @@ class TestEcosystem:
         assert _neighbours_share_group(E, y) and _kmeans_ari(E, y) == 1.0
 
 
+@pytest.mark.parametrize("neighbor_search", ["exact", "shortlist"])
+def test_dask_client_gives_the_same_graph(neighbor_search):
+    distributed = pytest.importorskip("distributed")
+    X, _ = figure2(*SETS["five-unequal"])
+    kw = dict(neighbor_search=neighbor_search, n_candidates=20, batch_size=16)
+    local = InvariantKNeighborsTransformer(**kw).fit(X)
+    d0, i0, t0 = local.kneighbors(return_alignments=True)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=":0") as cluster:
+        with distributed.Client(cluster) as client:
+            est = InvariantKNeighborsTransformer(client=client, **kw).fit(X)
+            d1, i1, t1 = est.kneighbors(return_alignments=True)
+    np.testing.assert_array_equal(i1, i0)
+    np.testing.assert_allclose(d1, d0, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(t1, t0, atol=1e-3)
+
+
+def test_readme_pipeline_runs():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("## Invariant neighbours for the whole scikit-learn ecosystem", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], re.S)[0]
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["embedding"].shape == (500, 2)
+
+
 def test_symmetrize_graph_keeps_smaller_and_zeros():
     G = sparse.csr_matrix((np.array([0.0, 2.0, 0.0, 1.5, 3.0, 0.0]),
                            np.array([0, 1, 1, 0, 2, 2]), np.array([0, 2, 5, 6])), shape=(3, 3))
