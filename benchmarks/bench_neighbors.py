@@ -37,6 +37,7 @@ Writes ``benchmarks/results/neighbors.json`` (``neighbors_quick.json`` with ``--
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -110,11 +111,14 @@ def run(dataset, n, k, methods, exact_max, recall_queries, path, seed=0):
         if method == "exact" and n > exact_max:
             print(f"n={n}: exact graph skipped (> --exact-max {exact_max})", flush=True)
             continue
+        load_before = os.getloadavg()[0]
         G, seconds, peak = timed(graph, method, X, k)
         ind = G.indices.reshape(n, -1)
         lists[method] = _others(ind, n, range(n))
         row = {"dataset": dataset, "n": n, "method": method, "k": k,
                "seconds": seconds, "queries_per_s": n / seconds, "peak_mb": peak,
+               # the machine is shared: the 1-minute load before and after the measurement
+               "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                "label_agreement": _label_agreement(lists[method], range(n), y, k)}
         rows.append(row)
         print_table([row], COLUMNS)
