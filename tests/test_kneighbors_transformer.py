@@ -445,6 +445,28 @@ def test_readme_pipeline_runs():
     assert namespace["embedding"].shape == (500, 2)
 
 
+def test_benchmark_runs(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env_data = os.environ.get("INVARIANT_CLUSTER_DATA")
+    data = Path(env_data.split(os.pathsep)[0]) if env_data else root / ".." / "shared" / "data"
+    if not (data / "mnist" / "t10k-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"MNIST not found under {data}")
+    out = tmp_path / "neighbors.json"
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_neighbors.py"),
+                           "--n", "150", "--k", "3", "--data", str(data), "--out", str(out),
+                           "--threads", "1"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    assert [r["method"] for r in rows] == ["exact", "shortlist", "pixels"]
+    assert rows[0]["recall"] == 1.0 and all(0 <= r["recall"] <= 1 for r in rows)
+
+
 def test_symmetrize_graph_keeps_smaller_and_zeros():
     G = sparse.csr_matrix((np.array([0.0, 2.0, 0.0, 1.5, 3.0, 0.0]),
                            np.array([0, 1, 1, 0, 2, 2]), np.array([0, 2, 5, 6])), shape=(3, 3))
