@@ -40,11 +40,13 @@ __all__ = ["InvariantKNeighborsTransformer", "invariant_kneighbors_graph", "symm
 # Maintenance note: neighbor_search="auto" searches exactly while n_samples_fit x grid size
 # stays below this (4,000 fitted images with 36 angles and no shifts; the same threshold as the
 # clusterer's), and shortlists beyond. Exact search costs n_queries x n_fit x grid size warped
-# inner products; the shortlist about a tenth of it (benchmarks/bench_neighbors.py).
+# inner products; the shortlist's exact part is linear in n_fit, and the refinement of the kept
+# pairs costs the same in both (at 10,000 MNIST digits the shortlisted graph took 0.67 of the
+# exact one's time: benchmarks/bench_neighbors.py).
 _AUTO_EXACT_WORK = 4000 * 36
 # The shortlist holds max(8 k, 64) candidates for k searched neighbours (twice the clusterer's
-# default): on 10,000 MNIST test digits rotated over the full circle (k = 16 searched, 36
-# angles) 64 candidates kept 0.943 of the exact top-k and 124 kept 0.972, while the exact
+# default): on 10,000 MNIST test digits rotated over the full circle (n_neighbors = 15, 36
+# angles) 64 candidates kept 0.943 of the exact top-15 and 128 kept 0.973, while the exact
 # search of the candidates is a small part of the time (benchmarks/bench_neighbors.py).
 _CANDIDATE_FACTOR = 2
 # With refinement, the n_neighbors + 1 nearest keys on the grid (what the graph holds) are
