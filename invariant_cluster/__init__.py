@@ -23,9 +23,12 @@ _LAZY = {
     "InvariantAttentionClusterer": "invariant_cluster.cluster",
     "invariant_attention_clustering": "invariant_cluster.cluster",
     "KernelPCAAttention": "invariant_cluster.decomposition",
+    "InvariantKNeighborsTransformer": "invariant_cluster.kneighbors",
+    "invariant_kneighbors_graph": "invariant_cluster.kneighbors",
 }
 _SUBMODULES = {"attention", "diagnostics", "datasets", "plotting", "transforms", "alignment",
-               "barycenters", "cluster", "decomposition", "metrics", "neighbors"}
+               "barycenters", "cluster", "decomposition", "metrics", "neighbors",
+               "kneighbors"}
 
 __all__ = sorted([*_LAZY, "attention", "diagnostics", "datasets", "plotting", "metrics",
                   "neighbors", "__version__"])

@@ -8,6 +8,10 @@ Two commands:
 - ``fit``: cluster your own images (``.npy``/``.npz``, IDX files or a folder of PNG/JPEG) and
   write ``labels.csv``, ``alignments.csv``, ``centers.png`` (and ``metrics.json`` when labels are
   given).
+- ``neighbors``: the invariant k-nearest-neighbour graph of your images
+  (:class:`~invariant_cluster.InvariantKNeighborsTransformer`): ``graph.npz``
+  (``scipy.sparse.save_npz``), ``indices.npy``, ``distances.npy``, ``alignments.npy`` and
+  ``neighbors.json``.
 
 Importing this module is cheap (no torch, no NumPy): ``--help`` answers at once and every heavy
 import happens inside the command that needs it.
@@ -698,6 +702,76 @@ def _cmd_demo(args):
 # ---------------------------------------------------------------------------------------------
 
 
+_NEIGHBORS_DESCRIPTION = """\
+Compute the invariant k-nearest-neighbour graph of your images: for each image, the K other
+images nearest to it after the best rotation (and shift) of each one onto it, as
+InvariantKNeighborsTransformer's fit_transform gives it (each image is its own first neighbour,
+at distance 0, then its K nearest).
+
+Writes into --out:
+  graph.npz        (n, n) CSR distance graph, K + 1 entries per row sorted by distance
+                   (scipy.sparse.load_npz; feed it to any metric="precomputed" estimator)
+  indices.npy      (n, K + 1) neighbour indices, the graph's entries row by row
+  distances.npy    (n, K + 1) invariant distances sqrt(min ||x - T y||^2)
+  alignments.npy   (n, K + 1, 3) (angle in degrees, tx, ty in pixels) warping each neighbour
+                   onto its image (warp_se2(images[indices[i, j]], alignments[i, j]) ~ images[i])
+  neighbors.json   parameters, seconds, environment
+"""
+
+_NEIGHBORS_EPILOG = """\
+examples:
+  invariant-cluster neighbors images.npy --n-neighbors 15 --out knn
+  invariant-cluster neighbors t10k-images-idx3-ubyte.gz --n-samples 2000 --max-rotation 45
+"""
+
+
+def _cmd_neighbors(args):
+    import numpy as np
+    from scipy import sparse
+
+    progress = _Progress(["load", "search", "write"], args.quiet)
+    try:
+        with progress.stage("loading"):
+            X, _, _ = load_input(args.input, None, args.image_shape)
+            if args.n_samples is not None:
+                X = X[: args.n_samples]
+        if args.n_neighbors >= len(X):
+            raise UsageError(f"--n-neighbors: expected fewer than the {len(X)} images, got "
+                             f"{args.n_neighbors}")
+        names = ["group", "max_rotation", "n_rotations", "max_translation", "refine",
+                 "neighbor_search", "n_candidates", "device", "batch_size"]
+        params = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+        with progress.stage(f"searching the neighbours of {len(X)} images"):
+            from .kneighbors import InvariantKNeighborsTransformer, _csr
+
+            est = InvariantKNeighborsTransformer(n_neighbors=args.n_neighbors, **params)
+            t0 = time.perf_counter()
+            with _warnings_as_lines():
+                est.fit(X)
+                dist, ind, tau = est.kneighbors(X, n_neighbors=args.n_neighbors + 1,
+                                                return_alignments=True)
+            seconds = time.perf_counter() - t0
+        with progress.stage("writing"):
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            sparse.save_npz(out / "graph.npz", _csr(dist, ind, len(X)))
+            np.save(out / "indices.npy", ind)
+            np.save(out / "distances.npy", dist)
+            np.save(out / "alignments.npy", tau)
+            info = {"input": str(args.input), "n_images": len(X),
+                    "image_shape": list(est.image_shape_), "n_neighbors": args.n_neighbors,
+                    "params": est.get_params(deep=False) | {"client": None,
+                                                           "device": str(est.device)},
+                    "seconds": seconds, "environment": _environment()}
+            (out / "neighbors.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    finally:
+        progress.close()
+    print(f"{len(X)} images -> invariant {args.n_neighbors}-NN graph in {seconds:.1f} s; "
+          f"median distance to the nearest other image {float(np.median(dist[:, 1])):.3g}")
+    print(f"wrote {out}/")
+    return 0
+
+
 def build_parser():
     """The argument parser of ``invariant-cluster`` (no heavy imports)."""
     p = _Parser(
@@ -707,7 +781,8 @@ def build_parser():
         epilog="examples:\n"
                "  invariant-cluster demo                 # offline demo, about a minute\n"
                "  invariant-cluster fit images.npy --n-clusters 10 --max-rotation 60\n"
-               "  invariant-cluster fit --help           # every option of fit\n",
+               "  invariant-cluster fit --help           # every option of fit\n"
+               "  invariant-cluster neighbors images.npy --n-neighbors 15 --out knn\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -758,6 +833,44 @@ def build_parser():
                    help="output folder (default: ./invariant_cluster_out)")
     _add_estimator_options(f)
     f.set_defaults(func=_cmd_fit)
+
+    nb = sub.add_parser("neighbors", help="the invariant k-nearest-neighbour graph of your "
+                                          "images (graph.npz + alignments)",
+                        description=_NEIGHBORS_DESCRIPTION, epilog=_NEIGHBORS_EPILOG,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    nb.add_argument("input", metavar="IMAGES",
+                    help="a .npy/.npz file, an IDX file, or a folder of PNG/JPEG images")
+    nb.add_argument("--n-neighbors", type=_positive_int, default=5, metavar="K",
+                    help="neighbours per image, besides itself (default: 5)")
+    nb.add_argument("--out", default="invariant_cluster_neighbors", metavar="DIR",
+                    help="output folder (default: ./invariant_cluster_neighbors)")
+    nb.add_argument("--image-shape", type=_positive_int, nargs="+", metavar="N",
+                    help="H W (or C H W) to fold rows that are not square images")
+    nb.add_argument("--n-samples", type=_positive_int, metavar="N",
+                    help="use only the first N images")
+    g = nb.add_argument_group("search (InvariantKNeighborsTransformer's parameters)")
+    g.add_argument("--group", choices=["se2", "rotation", "translation", "none"],
+                   help="transformations searched (default: se2)")
+    g.add_argument("--max-rotation", type=_angle, metavar="DEG",
+                   help="search rotations within +-DEG degrees (default: 180)")
+    g.add_argument("--n-rotations", type=_positive_int, metavar="R",
+                   help="angles in the rotation grid (default: 36)")
+    g.add_argument("--max-translation", type=_nonnegative_float, metavar="PX",
+                   help="search shifts within +-PX pixels (default: 0)")
+    g.add_argument("--no-refine", dest="refine", action="store_false", default=None,
+                   help="keep the grid's alignments (skip the continuous refinement)")
+    g.add_argument("--neighbor-search", choices=["auto", "exact", "shortlist"],
+                   help="exact, descriptor shortlist, or auto (default: exact up to 4000 "
+                        "images with 36 angles)")
+    g.add_argument("--n-candidates", type=_positive_int, metavar="C",
+                   help="shortlist length per image")
+    r = nb.add_argument_group("running")
+    r.add_argument("--device", metavar="DEV",
+                   help="auto (a GPU when there is one), cpu, cuda or cuda:N")
+    r.add_argument("--batch-size", type=_positive_int, metavar="B",
+                   help="block size of the search (lower it if memory runs out)")
+    r.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    nb.set_defaults(func=_cmd_neighbors)
     return p
 
 

@@ -1,0 +1,558 @@
+"""The invariant k-nearest-neighbour graph as a scikit-learn transformer.
+
+:class:`InvariantKNeighborsTransformer` follows the contract of scikit-learn's
+:class:`~sklearn.neighbors.KNeighborsTransformer`: ``transform`` returns a sparse CSR graph
+``(n_queries, n_samples_fit)`` whose rows hold the distances to the nearest fitted images, so
+every estimator that accepts ``metric="precomputed"`` (t-SNE, Isomap, spectral clustering, DBSCAN,
+HDBSCAN, umap-learn's UMAP) can consume it in a :class:`~sklearn.pipeline.Pipeline`. The only
+difference is the distance: the invariant Euclidean distance ``sqrt(min_tau ||x - T_tau y||^2)``
+over rotations and translations. :func:`invariant_kneighbors_graph` is the function twin, as
+:func:`~sklearn.neighbors.kneighbors_graph` is scikit-learn's.
+
+The searches themselves live in :mod:`invariant_cluster.alignment` (exact grid search,
+refinement) and :mod:`invariant_cluster.neighbors` (descriptor shortlist, dask blocks); this
+module only composes them.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+import torch
+from scipy import sparse
+from sklearn import get_config
+from sklearn.base import (
+    BaseEstimator,
+    ClassNamePrefixFeaturesOutMixin,
+    TransformerMixin,
+    _fit_context,
+)
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from ._utils import resolve_device, resolve_image_shape
+from .alignment import GROUPS, grid_search, make_search_grid, refine_pairs
+
+__all__ = ["InvariantKNeighborsTransformer", "invariant_kneighbors_graph", "symmetrize_graph"]
+
+# Maintenance note: neighbor_search="auto" searches exactly while n_samples_fit x grid size
+# stays below this (4,000 fitted images with 36 angles and no shifts; the same threshold as the
+# clusterer's), and shortlists beyond. Exact search costs n_queries x n_fit x grid size warped
+# inner products; the shortlist's exact part is linear in n_fit, and the refinement of the kept
+# pairs costs the same in both (at 10,000 MNIST digits the shortlisted graph took 0.67 of the
+# exact one's time: benchmarks/bench_neighbors.py).
+_AUTO_EXACT_WORK = 4000 * 36
+# The shortlist holds max(8 k, 64) candidates for k searched neighbours (twice the clusterer's
+# default): on 10,000 MNIST test digits rotated over the full circle (n_neighbors = 15, 36
+# angles) 64 candidates kept 0.943 of the exact top-15 and 128 kept 0.973, while the exact
+# search of the candidates is a small part of the time (benchmarks/bench_neighbors.py).
+_CANDIDATE_FACTOR = 2
+# With refinement, the n_neighbors + 1 nearest keys on the grid (what the graph holds) are
+# refined and re-sorted. Refining twice as many and keeping the best changed 9% of the
+# neighbours of 1,000 rotated MNIST digits (k = 15) but the share of neighbours with the
+# query's digit only from 0.718 to 0.721, at twice the cost: refinement is most of the time of
+# the shortlisted search (benchmarks/bench_neighbors.py).
+
+
+def _to_2d(X, image_shape):
+    """Flatten ``(n, H, W)``/``(n, C, H, W)`` input; return ``(X2d, image shape or None)``."""
+    if isinstance(X, torch.Tensor):
+        X = X.detach().cpu().numpy()
+    if getattr(X, "ndim", 0) in (3, 4):
+        shape = tuple(X.shape[1:]) if X.ndim == 4 else (1, *X.shape[1:])
+        if image_shape is not None:
+            shape = resolve_image_shape(math.prod(shape), image_shape)
+        return np.asarray(X).reshape(X.shape[0], math.prod(X.shape[1:])), shape
+    return X, None
+
+
+def _csr(data, ind, n_fit):
+    """CSR graph with ``k`` entries per row, in the sparse interface scikit-learn is set to."""
+    n_q, k = ind.shape
+    indptr = np.arange(0, n_q * k + 1, k)
+    A = sparse.csr_array((np.ravel(data), np.ravel(ind), indptr), shape=(n_q, n_fit))
+    if get_config().get("sparse_interface", "spmatrix") == "spmatrix":
+        A = sparse.csr_matrix(A)
+    return A
+
+
+def _identity_check(Q, K, qi, ind, D, P, max_elements=1 << 24):
+    """Keep the identity where it is at least as close as the search's answer.
+
+    Maintenance note: the identity is on every grid, but the grid distance
+    ``||x||^2 + ||y||^2 - 2 <x, y>`` and a bilinear warp by the identity are exact only up to
+    round-off, so a training image would be its own neighbour at ~1e-6 instead of 0. The
+    plain residual ``||x - y||^2`` of each kept pair (chunked, ``O(max_elements)`` memory)
+    restores exact zeros and never increases a distance.
+    """
+    n_q, kk = ind.shape
+    flat_j = ind.reshape(-1)
+    D = D.reshape(-1).clone()
+    P = P.reshape(-1, 3).clone()
+    chunk = max(1, max_elements // max(1, Q[0].numel()))
+    for p0 in range(0, flat_j.shape[0], chunk):
+        sl = slice(p0, p0 + chunk)
+        e = ((Q[qi[sl]] - K[flat_j[sl]]) ** 2).reshape(-1, Q[0].numel()).sum(1)
+        better = e <= D[sl]
+        D[sl] = torch.where(better, e, D[sl])
+        P[sl] = torch.where(better[:, None], torch.zeros_like(P[sl]), P[sl])
+    return D.reshape(n_q, kk), P.reshape(n_q, kk, 3)
+
+
+class InvariantKNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin,
+                                     BaseEstimator):
+    """Transform images into the sparse graph of their invariant k nearest neighbours.
+
+    The graph has the contract of :class:`sklearn.neighbors.KNeighborsTransformer`, with the
+    invariant Euclidean distance
+
+    ``d(x, y) = sqrt(min_tau ||x - T_tau y||^2)``
+
+    over the rotations and translations ``tau`` of the search grid (then refined), so that any
+    estimator accepting ``metric="precomputed"`` can follow it in a pipeline.
+
+    Parameters
+    ----------
+    mode : {"distance", "connectivity"}, default="distance"
+        "distance": the entries are invariant distances; "connectivity": ones. As in
+        scikit-learn, "distance" computes one extra neighbour, so that each training sample can
+        be its own (first, zero-distance) neighbour: rows then hold ``n_neighbors + 1`` entries.
+    n_neighbors : int, default=5
+        Neighbours per sample in the graph (plus one in "distance" mode).
+    group : {"se2", "rotation", "translation", "none"}, default="se2"
+        The transformations searched; "none" gives plain Euclidean distances.
+    max_rotation : float, default=180.0
+        Angles are searched within ``+-max_rotation`` degrees (180: the full circle).
+    n_rotations : int, default=36
+        Grid angles (0 is always on the grid).
+    max_translation : float, default=0
+        Integer shifts within ``+-max_translation`` pixels are searched, then refined.
+    refine : bool, default=True
+        Refine the best grid transformation of each kept pair continuously (angle, sub-pixel
+        shift): the ``n_neighbors + 1`` nearest keys on the grid get their refined distances
+        and are re-sorted (refinement lowers distances and may reorder neighbours; the keys
+        are the grid's nearest).
+    neighbor_search : {"auto", "exact", "shortlist"}, default="auto"
+        "exact": every fitted image is aligned onto every query
+        (:func:`~invariant_cluster.alignment.grid_search`). "shortlist": rotation-steerable
+        descriptors shortlist ``n_candidates`` fitted images per query and only those are
+        aligned exactly (:func:`~invariant_cluster.neighbors.neighbor_search`; recall of the
+        exact top-k measured in ``benchmarks/bench_neighbors.py``). "auto": exact while
+        ``n_samples_fit x`` (grid size) is at most ``4000 x 36``, else the shortlist.
+    n_candidates : int, optional
+        Shortlist length (None: ``max(8 k, 64)`` for ``k`` searched neighbours, ``k`` =
+        ``n_neighbors + 1``).
+    image_shape : tuple (H, W) or (C, H, W), optional
+        How to fold flat rows; None means square single-channel images (a non-square row is a
+        ``1 x n_features`` image).
+    device : {"auto", "cpu", "cuda", ...}, default="auto"
+        Where the search runs ("auto": CUDA when available). Fitted attributes stay NumPy.
+    batch_size : int, optional
+        Block size of the search (queries per block for the exact search, keys per block for
+        the shortlist's exact part); None sizes blocks from the available memory. Memory is
+        ``O(n_queries k)`` plus one block, never ``n_queries x n_samples_fit``.
+    client : dask.distributed.Client, optional
+        Run the blocks of the search on a dask cluster (identical results).
+
+    Attributes
+    ----------
+    n_features_in_ : int
+        Number of features seen during :term:`fit`.
+    n_samples_fit_ : int
+        Number of fitted images (the number of columns of the graph).
+    image_shape_ : tuple (C, H, W)
+        How rows are folded into images.
+
+    See Also
+    --------
+    invariant_kneighbors_graph : The function twin.
+    sklearn.neighbors.KNeighborsTransformer : The same graph with Euclidean distances.
+    invariant_cluster.invariant_distances : All pairwise invariant squared distances.
+
+    Notes
+    -----
+    Direction: the query ``x`` stays fixed and the fitted image ``y`` is warped onto it, so the
+    alignment ``tau`` returned by :meth:`kneighbors` satisfies
+    ``warp_se2(y, tau) ~ x`` (angle in degrees, counter-clockwise as displayed; ``tx, ty`` in
+    pixels; see :mod:`invariant_cluster.transforms`). For rotations over the full circle and no
+    translation, ``d(x, y) = d(y, x)`` up to interpolation and the grid; with translations the
+    zero padding makes it only approximately symmetric, and the graph (as any kNN graph) is not
+    symmetric. Grid distances are ``||x||^2 + ||T y||^2 - 2 <x, T y>`` clamped at 0, refined
+    ones come from the residual; the square root is taken last.
+
+    Cost: the exact search is ``n_queries x n_samples_fit x`` (grid size) warped inner
+    products in blocked matrix products; the shortlist makes the exact part linear in
+    ``n_samples_fit``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from invariant_cluster import InvariantKNeighborsTransformer
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.random((6, 8, 8))
+    >>> X_rot = np.rot90(X, k=1, axes=(1, 2))           # each image turned by a quarter
+    >>> knn = InvariantKNeighborsTransformer(n_neighbors=1, group="rotation", n_rotations=4)
+    >>> G = knn.fit(X).transform(X_rot.reshape(6, -1))
+    >>> G.shape, G.nnz                                   # n_neighbors + 1 entries per row
+    ((6, 6), 12)
+    >>> dist, ind = knn.kneighbors(X_rot.reshape(6, -1), n_neighbors=1)
+    >>> ind.ravel().tolist(), bool(dist.max() < 1e-3)
+    ([0, 1, 2, 3, 4, 5], True)
+    """
+
+    _parameter_constraints: dict = {
+        "mode": [StrOptions({"distance", "connectivity"})],
+        "n_neighbors": [Interval(numbers.Integral, 1, None, closed="left")],
+        "group": [StrOptions(set(GROUPS))],
+        "max_rotation": [Interval(numbers.Real, 0, None, closed="left")],
+        "n_rotations": [Interval(numbers.Integral, 1, None, closed="left")],
+        "max_translation": [Interval(numbers.Real, 0, None, closed="left")],
+        "refine": ["boolean"],
+        "neighbor_search": [StrOptions({"auto", "exact", "shortlist"})],
+        "n_candidates": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "image_shape": [tuple, list, None],
+        "device": [str, torch.device],
+        "batch_size": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "client": "no_validation",
+    }
+
+    def __init__(self, *, mode="distance", n_neighbors=5, group="se2", max_rotation=180.0,
+                 n_rotations=36, max_translation=0, refine=True, neighbor_search="auto",
+                 n_candidates=None, image_shape=None, device="auto", batch_size=None,
+                 client=None):
+        self.mode = mode
+        self.n_neighbors = n_neighbors
+        self.group = group
+        self.max_rotation = max_rotation
+        self.n_rotations = n_rotations
+        self.max_translation = max_translation
+        self.refine = refine
+        self.neighbor_search = neighbor_search
+        self.n_candidates = n_candidates
+        self.image_shape = image_shape
+        self.device = device
+        self.batch_size = batch_size
+        self.client = client
+
+    # ------------------------------------------------------------------ helpers
+    def _grid(self):
+        return make_search_grid(self.group, self.max_rotation, self.n_rotations,
+                                self.max_translation, self.refine)
+
+    def _validate(self, X, reset):
+        X2, shape = _to_2d(X, self.image_shape)
+        dims = tuple(getattr(X2, "shape", ()))
+        if len(dims) == 2 and dims[0] == 0:
+            raise ValueError(f"X: expected at least 1 sample, got shape {dims}")
+        X2 = validate_data(self, X2, reset=reset, dtype=[np.float64, np.float32])
+        if reset:
+            self.image_shape_ = shape or resolve_image_shape(X2.shape[1], self.image_shape)
+        elif shape is not None and tuple(shape) != tuple(self.image_shape_):
+            raise ValueError(
+                f"X: expected images of shape {tuple(self.image_shape_)} as in fit, got {shape}"
+            )
+        return X2
+
+    # ------------------------------------------------------------------ fit
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y=None):
+        """Store the images the neighbours are searched among.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), (n, H, W) or (n, C, H, W)
+            Training images.
+        y : Ignored
+
+        Returns
+        -------
+        self : object
+        """
+        X2 = self._validate(X, reset=True)
+        self._grid()  # validates the search parameters now rather than at transform
+        resolve_device(self.device)
+        self._fit_X = np.array(X2, copy=True)
+        self.n_samples_fit_ = int(X2.shape[0])
+        self._n_features_out = self.n_samples_fit_
+        return self
+
+    # ------------------------------------------------------------------ search
+    def _search_method(self, grid):
+        if self.neighbor_search != "auto":
+            return self.neighbor_search
+        return "exact" if self.n_samples_fit_ * grid.size <= _AUTO_EXACT_WORK else "shortlist"
+
+    def _kneighbors(self, Q2, k, exclude_self):
+        """``(dist, ind, tau)`` NumPy arrays of the ``k`` nearest fitted images of each row."""
+        dev = resolve_device(self.device)
+        grid = self._grid()
+        dtype = torch.float64 if np.float64 in (Q2.dtype, self._fit_X.dtype) else torch.float32
+        K = torch.as_tensor(self._fit_X).to(device=dev, dtype=dtype).reshape(-1, *self.image_shape_)
+        Q = K if exclude_self else torch.as_tensor(np.ascontiguousarray(Q2)).to(
+            device=dev, dtype=dtype).reshape(-1, *self.image_shape_)
+        n_q, n_fit = Q.shape[0], K.shape[0]
+        exclude = torch.arange(n_q, device=dev) if exclude_self else None
+        n_avail = n_fit - (1 if exclude_self else 0)
+        refine = grid.refine and any(grid.free)
+        # the pool depends on the constructor's n_neighbors, not on k, so that the graphs of
+        # one estimator agree on their common prefix whatever k is asked for (connectivity
+        # with k, distance with k + 1, kneighbors() without self)
+        pool = max(k, self.n_neighbors + 1 - (1 if exclude_self else 0))
+        k_search = min(n_avail, pool) if refine else k
+        method = self._search_method(grid)
+        with torch.no_grad():
+            if method == "exact" and self.client is None:
+                D, ind, P = grid_search(Q, K, grid, k=k_search, batch_size=self.batch_size,
+                                        exclude=exclude)
+            elif method == "exact":
+                from .neighbors import blocked_grid_search
+
+                D, ind, P = blocked_grid_search(Q, K, grid, k=k_search,
+                                                batch_size=self.batch_size, exclude=exclude,
+                                                client=self.client)
+            else:
+                from .neighbors import default_n_candidates, neighbor_search
+
+                n_cand = self.n_candidates
+                if n_cand is None:
+                    n_cand = default_n_candidates(_CANDIDATE_FACTOR * k_search, n_fit)
+                D, ind, P = neighbor_search(Q, K, grid, k=k_search, n_candidates=n_cand,
+                                            batch_size=self.batch_size, exclude=exclude,
+                                            client=self.client)
+            qi = torch.arange(n_q, device=dev).repeat_interleave(ind.shape[1])
+            if refine and n_q:
+                d, p = refine_pairs(Q, K, qi, ind.reshape(-1), P.reshape(-1, 3), grid)
+                D, P = d.reshape(n_q, -1), p.reshape(n_q, -1, 3)
+            D, P = _identity_check(Q, K, qi, ind, D, P)
+            order = torch.argsort(D, dim=1, stable=True)[:, :k]
+            D, ind = D.gather(1, order), ind.gather(1, order)
+            P = P.gather(1, order[..., None].expand(-1, -1, 3))
+        np_dtype = np.float64 if dtype == torch.float64 else np.float32
+        dist = np.sqrt(np.clip(D.cpu().numpy(), 0.0, None)).astype(np_dtype, copy=False)
+        return dist, ind.cpu().numpy().astype(np.intp), P.cpu().numpy().astype(np.float64)
+
+    def kneighbors(self, X=None, n_neighbors=None, return_distance=True,
+                   return_alignments=False):
+        """The invariant nearest fitted images of each query, as ``NearestNeighbors`` has it.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_queries, n_features), (n, H, W) or (n, C, H, W), optional
+            Query images. None: the fitted images, each NOT counted as its own neighbour.
+        n_neighbors : int, optional
+            Neighbours per query (default: the constructor's ``n_neighbors``).
+        return_distance : bool, default=True
+            Return the invariant distances.
+        return_alignments : bool, default=False
+            Also return the ``(angle, tx, ty)`` that warps each neighbour onto its query:
+            ``warp_se2(fitted[ind[i, j]], tau[i, j])`` approximates ``X[i]``.
+
+        Returns
+        -------
+        neigh_dist : ndarray of shape (n_queries, n_neighbors)
+            Invariant distances, ascending along each row (only with ``return_distance``).
+        neigh_ind : ndarray of shape (n_queries, n_neighbors)
+            Indices of the neighbours among the fitted images.
+        tau : ndarray of shape (n_queries, n_neighbors, 3)
+            Angle in degrees, ``tx``, ``ty`` in pixels (only with ``return_alignments``).
+        """
+        check_is_fitted(self)
+        if n_neighbors is None:
+            n_neighbors = self.n_neighbors
+        if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, numbers.Integral):
+            raise TypeError(f"n_neighbors: expected an int >= 1, got {n_neighbors!r}")
+        if n_neighbors < 1:
+            raise ValueError(f"n_neighbors: expected an int >= 1, got {n_neighbors!r}")
+        query_is_train = X is None
+        if query_is_train:
+            Q2 = self._fit_X
+        else:
+            Q2 = self._validate(X, reset=False)
+        n_fit = self.n_samples_fit_
+        limit = n_fit - 1 if query_is_train else n_fit
+        if n_neighbors > limit:
+            relation = "n_neighbors < n_samples_fit" if query_is_train else \
+                "n_neighbors <= n_samples_fit"
+            raise ValueError(
+                f"n_neighbors: expected {relation}, but n_neighbors = {n_neighbors}, "
+                f"n_samples_fit = {n_fit}, n_samples = {Q2.shape[0]}"
+            )
+        dist, ind, tau = self._kneighbors(Q2, int(n_neighbors), query_is_train)
+        out = (dist, ind) if return_distance else (ind,)
+        if return_alignments:
+            out = (*out, tau)
+        return out if len(out) > 1 else out[0]
+
+    def kneighbors_graph(self, X=None, n_neighbors=None, mode="connectivity"):
+        """The sparse graph of the invariant k nearest neighbours (CSR).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_queries, n_features), (n, H, W) or (n, C, H, W), optional
+            Query images; None: the fitted images, each not its own neighbour.
+        n_neighbors : int, optional
+            Entries per row (default: the constructor's ``n_neighbors``).
+        mode : {"connectivity", "distance"}, default="connectivity"
+            Ones, or the invariant distances.
+
+        Returns
+        -------
+        A : sparse matrix of shape (n_queries, n_samples_fit)
+            ``n_neighbors`` explicit entries per row, sorted by distance within the row.
+        """
+        if mode not in ("connectivity", "distance"):
+            raise ValueError(f"mode: expected 'connectivity' or 'distance', got {mode!r}")
+        check_is_fitted(self)
+        dist, ind = self.kneighbors(X, n_neighbors, return_distance=True)
+        data = np.ones(ind.size) if mode == "connectivity" else dist
+        return _csr(data, ind, self.n_samples_fit_)
+
+    def transform(self, X):
+        """The invariant neighbour graph of ``X`` among the fitted images.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_queries, n_features), (n, H, W) or (n, C, H, W)
+
+        Returns
+        -------
+        Xt : sparse matrix of shape (n_queries, n_samples_fit)
+            CSR; ``n_neighbors + 1`` entries per row in "distance" mode (a training image is
+            its own first neighbour at distance 0), ``n_neighbors`` in "connectivity" mode.
+        """
+        check_is_fitted(self)
+        add_one = self.mode == "distance"
+        return self.kneighbors_graph(X, mode=self.mode, n_neighbors=self.n_neighbors + add_one)
+
+    def fit_transform(self, X, y=None):
+        """``fit(X).transform(X)``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), (n, H, W) or (n, C, H, W)
+        y : Ignored
+
+        Returns
+        -------
+        Xt : sparse matrix of shape (n_samples, n_samples)
+        """
+        return self.fit(X).transform(X)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.transformer_tags.preserves_dtype = ["float64", "float32"]
+        tags.input_tags.sparse = False
+        return tags
+
+
+def invariant_kneighbors_graph(X, n_neighbors, *, mode="connectivity", include_self=False,
+                               **params):
+    """The graph of the invariant k nearest neighbours of each image, as ``kneighbors_graph``.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features), (n, H, W) or (n, C, H, W), or a fitted
+        :class:`InvariantKNeighborsTransformer`
+        The images (or a transformer fitted on them).
+    n_neighbors : int
+        Neighbours per image.
+    mode : {"connectivity", "distance"}, default="connectivity"
+        Ones, or the invariant distances ``sqrt(min_tau ||x_i - T_tau x_j||^2)``.
+    include_self : bool or "auto", default=False
+        Whether each image is its own first neighbour ("auto": True for "connectivity").
+    **params
+        Parameters of :class:`InvariantKNeighborsTransformer` (``group``, ``max_rotation``,
+        ``n_rotations``, ``max_translation``, ``refine``, ``neighbor_search``, ...), when ``X``
+        is an array.
+
+    Returns
+    -------
+    A : sparse matrix of shape (n_samples, n_samples)
+        CSR, ``n_neighbors`` entries per row sorted by distance; entry ``(i, j)`` says that the
+        image ``j``, warped onto ``i``, is among ``i``'s nearest.
+
+    See Also
+    --------
+    InvariantKNeighborsTransformer : The transformer, with ``kneighbors`` and the alignments.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from invariant_cluster import invariant_kneighbors_graph
+    >>> x = np.random.default_rng(0).random((2, 8, 8))
+    >>> X = np.concatenate([x, np.rot90(x, k=2, axes=(1, 2))])   # 0, 1, 0 turned, 1 turned
+    >>> A = invariant_kneighbors_graph(X, 1, group="rotation", n_rotations=4)
+    >>> A.indices.tolist()
+    [2, 3, 0, 1]
+    """
+    if include_self not in (True, False, "auto"):
+        raise ValueError(f"include_self: expected True, False or 'auto', got {include_self!r}")
+    if include_self == "auto":
+        include_self = mode == "connectivity"
+    if isinstance(X, InvariantKNeighborsTransformer):
+        if params:
+            raise ValueError(f"params: a fitted transformer was given, so {sorted(params)} "
+                             "cannot be applied")
+        est = X
+        check_is_fitted(est)
+    else:
+        est = InvariantKNeighborsTransformer(n_neighbors=n_neighbors, **params).fit(X)
+    query = est._fit_X if include_self else None
+    return est.kneighbors_graph(query, n_neighbors=n_neighbors, mode=mode)
+
+
+def symmetrize_graph(graph):
+    """The union of a neighbour graph and its transpose, keeping the smaller of two distances.
+
+    A kNN graph is not symmetric (``j`` among ``i``'s nearest does not make ``i`` among
+    ``j``'s), and the invariant distance is only approximately symmetric (interpolation and
+    the grid). Some ``metric="precomputed"`` consumers require a symmetric sparse matrix:
+    scikit-learn's :class:`~sklearn.cluster.HDBSCAN` and umap-learn's ``UMAP``. Put this
+    function in the pipeline as ``FunctionTransformer(symmetrize_graph, accept_sparse=True)``.
+
+    Parameters
+    ----------
+    graph : sparse matrix of shape (n, n)
+        A distance graph, as :meth:`InvariantKNeighborsTransformer.transform` returns for the
+        training images (explicit zeros, such as each image's distance to itself, are kept).
+
+    Returns
+    -------
+    sym : sparse matrix of shape (n, n)
+        CSR, same interface (matrix or array) as the input; entry ``(i, j)`` is present when
+        ``(i, j)`` or ``(j, i)`` is, with the smaller of their values; each row sorted by
+        value (as scikit-learn's precomputed neighbour graphs expect).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from scipy.sparse import csr_matrix
+    >>> from invariant_cluster.kneighbors import symmetrize_graph
+    >>> G = csr_matrix(np.array([[0, 2.0, 0], [1.5, 0, 3.0], [0, 0, 0]]))
+    >>> symmetrize_graph(G).toarray()
+    array([[0. , 1.5, 0. ],
+           [1.5, 0. , 3. ],
+           [0. , 3. , 0. ]])
+    """
+    if not sparse.issparse(graph) or graph.ndim != 2 or graph.shape[0] != graph.shape[1]:
+        raise ValueError(f"graph: expected a square sparse matrix, got "
+                         f"{type(graph).__name__} of shape {getattr(graph, 'shape', None)}")
+    coo = graph.tocoo()
+    rows = np.concatenate([coo.row, coo.col])
+    cols = np.concatenate([coo.col, coo.row])
+    vals = np.concatenate([coo.data, coo.data])
+    # sort by (row, col, value): the first of each (row, col) run is the smaller value
+    order = np.lexsort((vals, cols, rows))
+    rows, cols, vals = rows[order], cols[order], vals[order]
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1])
+    rows, cols, vals = rows[first], cols[first], vals[first]
+    order = np.lexsort((vals, rows))  # each row sorted by value
+    rows, cols, vals = rows[order], cols[order], vals[order]
+    n = graph.shape[0]
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
+    out = sparse.csr_array((vals, cols, indptr), shape=graph.shape)
+    return out if isinstance(graph, sparse.sparray) else sparse.csr_matrix(out)
