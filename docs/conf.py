@@ -11,10 +11,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Document (and run the gallery against) this checkout, not another installed copy.
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import invariant_cluster  # noqa: E402
-from sphinx_gallery.sorting import FileNameSortKey  # noqa: E402
 
 project = "invariant_cluster"
 author = "the invariant_cluster developers"
@@ -28,6 +28,8 @@ extensions = [
     "sphinx.ext.viewcode",
     "numpydoc",
     "sphinx_gallery.gen_gallery",
+    "readme_tables",  # docs/_ext: the README's benchmark tables as includes
+    "docstring_fixes",  # docs/_ext: fitted-attribute names such as ``labels_`` in prose
 ]
 
 templates_path = ["_templates"]
@@ -63,7 +65,7 @@ sphinx_gallery_conf = {
     "examples_dirs": str(ROOT / "examples"),
     "gallery_dirs": "auto_examples",
     "filename_pattern": r"/plot_",
-    "within_subsection_order": FileNameSortKey,
+    "within_subsection_order": "FileNameSortKey",
     "doc_module": ("invariant_cluster",),
     "backreferences_dir": "generated/backreferences",
     "reference_url": {"invariant_cluster": None},
