@@ -102,9 +102,8 @@ plt.show()
 # not a digit).
 majority = [np.bincount(y[invariant.labels_ == c], minlength=10).argmax()
             for c in range(invariant.n_clusters_)]
-ax = plot_invariant_means(invariant, title="invariant attention: invariant means")
-for text, c in zip(ax.texts, range(invariant.n_clusters_)):
-    text.set_text(f"cluster {c}\nmostly {majority[c]}")
+plot_invariant_means(invariant, title="invariant attention: invariant means",
+                     captions=[f"c{c}: mostly {d}" for c, d in enumerate(majority)])
 plt.show()
 
 # %%
