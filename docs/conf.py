@@ -37,12 +37,14 @@ exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "auto_examples/*.ipynb",
                     "auto_examples/*.py", "auto_examples/*.zip", "auto_examples/*.md5",
                     "auto_examples/*.codeobj.json"]
 html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 
 # -- API reference -----------------------------------------------------------------------------
 autosummary_generate = True
 autodoc_typehints = "none"            # the numpydoc sections carry the types
 autodoc_inherit_docstrings = False    # no torch / scikit-learn docstrings on our overrides
 autodoc_member_order = "bysource"
+toc_object_entries_show_parents = "hide"  # the page's table of contents reads "fit", not "Cls.fit"
 numpydoc_show_class_members = False   # the class template lists the methods itself
 numpydoc_class_members_toctree = False
 numpydoc_xref_param_type = False
@@ -53,11 +55,17 @@ html_title = f"invariant_cluster {release}"
 html_theme_options = {
     "navbar_align": "left",
     "show_toc_level": 2,
-    "secondary_sidebar_items": ["page-toc", "sourcelink"],
+    # the API pages need the width for signatures more than a table of contents
+    "secondary_sidebar_items": {"*": ["page-toc", "sourcelink"],
+                                "user_guide/*": ["page-toc", "sourcelink"],
+                                "auto_examples/*": ["page-toc", "sourcelink"],
+                                "generated/*": []},
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version", "theme-version"],
 }
-html_sidebars = {"index": []}
+# no section navigation on the home page and the gallery's example pages (their code needs
+# the width; the gallery index links them all)
+html_sidebars = {"index": [], "auto_examples/plot_*": []}
 html_show_sourcelink = True
 
 # -- Gallery -----------------------------------------------------------------------------------
