@@ -82,6 +82,17 @@ def test_every_gallery_example_has_a_title_and_is_linked_from_notebooks_page():
         assert nb.name in notebooks, f"docs/notebooks.rst does not mention {nb.name}"
 
 
+def test_index_quick_start_is_the_readme_one():
+    """The home page shows the README's quick start (which tests/test_readme.py runs)."""
+    import textwrap
+
+    readme = (ROOT / "README.md").read_text().split("## Quick start", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", readme, re.S)[0]
+    index = (DOCS / "index.rst").read_text().split("Quick start\n=", 1)[1]
+    block = re.search(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", index).group(1)
+    assert textwrap.dedent(block).strip() == code.strip()
+
+
 @pytest.mark.docs
 def test_sphinx_build_without_warnings():
     pytest.importorskip("sphinx")
