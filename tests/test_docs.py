@@ -100,7 +100,6 @@ def test_sphinx_build_without_warnings():
     pytest.importorskip("numpydoc")
     pytest.importorskip("sphinx_gallery")
     env = dict(os.environ, MPLBACKEND="Agg")
-    env.setdefault("OMP_NUM_THREADS", "2")
     cmd = [sys.executable, "-m", "sphinx", "-W", "-b", "html", "docs", "docs/_build/html"]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=1200)
