@@ -63,9 +63,9 @@ html_theme_options = {
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version", "theme-version"],
 }
-# no section navigation on the home page and the gallery's example pages (their code needs
-# the width; the gallery index links them all)
-html_sidebars = {"index": [], "auto_examples/plot_*": []}
+# no section navigation on the home page, the API index (its own table of contents groups the
+# names by module) and the gallery's example pages (their code needs the width)
+html_sidebars = {"index": [], "api": [], "auto_examples/plot_*": []}
 html_show_sourcelink = True
 
 # -- Gallery -----------------------------------------------------------------------------------
