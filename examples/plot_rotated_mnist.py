@@ -55,8 +55,8 @@ plt.show()
 # k-means against invariant attention
 # -----------------------------------
 kmeans = KMeans(n_clusters=10, n_init=10, random_state=SEED).fit(X.reshape(N, -1))
-invariant = InvariantAttentionClusterer(10, group="rotation", max_rotation=60.0, n_rotations=13,
-                                        max_iter=15, random_state=SEED)
+invariant = InvariantAttentionClusterer(n_clusters=10, group="rotation", max_rotation=60.0,
+                                        n_rotations=13, max_iter=15, random_state=SEED)
 with warnings.catch_warnings():  # max_iter=15 keeps this page quick and may stop early
     warnings.simplefilter("ignore", ConvergenceWarning)
     invariant.fit(X)
