@@ -45,6 +45,17 @@ def plot_projection_loss(result, ax=None, *, x=None, title=None):
     ``||varphi(q)||^2``). For the
     ``"official"`` form the reported ``loss`` is ``log(mean J_proj)``; the plot shows
     ``mean J_proj`` itself so that both forms share units with their terms.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from invariant_cluster.diagnostics import projection_loss
+    >>> from invariant_cluster.plotting import plot_projection_loss
+    >>> rng = np.random.default_rng(0)
+    >>> Q, K, V = (rng.normal(size=(16, 4)) for _ in range(3))
+    >>> ax = plot_projection_loss(projection_loss(Q, K, V))
+    >>> ax.get_yscale(), len(ax.lines) >= 3  # J_proj and its two terms
+    ('log', True)
     """
     ax = _axes(ax)
     if isinstance(result, dict):
@@ -110,6 +121,18 @@ def plot_eigenvector_check(result, ax=None, *, title=None):
     deviation as a one-sided (upper) error bar (the learned values), the same for random vectors
     of the same norm (the baseline), and the eigenvalue ``N lambda_d`` for scale. Values far
     below the baseline support the kernel-PCA reading; values near it do not.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from invariant_cluster import KernelPCAAttention
+    >>> from invariant_cluster.diagnostics import eigenvector_check
+    >>> from invariant_cluster.plotting import plot_eigenvector_check
+    >>> K = np.random.default_rng(0).normal(size=(32, 4))
+    >>> V = KernelPCAAttention(n_components=3, device="cpu").fit(K).values_  # the KPCA form
+    >>> ax = plot_eigenvector_check(eigenvector_check(K, V, random_state=0))
+    >>> ax.get_yscale()
+    'log'
     """
     ax = _axes(ax)
 

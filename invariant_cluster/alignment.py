@@ -42,7 +42,17 @@ _BLOCK_ELEMENTS = 64 * 1024 * 1024
 
 @dataclass(frozen=True)
 class SearchGrid:
-    """The transformations searched: angles in degrees, integer shifts, and refinement bounds."""
+    """The transformations searched: angles in degrees, integer shifts, and refinement bounds.
+
+    Build it with :func:`make_search_grid`, which validates the parameters.
+
+    Examples
+    --------
+    >>> from invariant_cluster.alignment import make_search_grid
+    >>> grid = make_search_grid("rotation", max_rotation=45.0, n_rotations=3)
+    >>> grid.angles.tolist(), grid.shifts.tolist(), grid.size
+    ([-45.0, 0.0, 45.0], [[0, 0]], 3)
+    """
 
     group: str
     angles: np.ndarray  # (R,)
@@ -64,7 +74,23 @@ class SearchGrid:
 
 def make_search_grid(group="se2", max_rotation=180.0, n_rotations=36, max_translation=0,
                      refine=True) -> SearchGrid:
-    """Validate the search parameters and build the :class:`SearchGrid`."""
+    """Validate the search parameters and build the :class:`SearchGrid`.
+
+    The parameters are those of :func:`invariant_cluster.invariant_distances`: the ``group``
+    (``"se2"``, ``"rotation"``, ``"translation"`` or ``"none"``), ``n_rotations`` angles within
+    ``+-max_rotation`` degrees (:func:`~invariant_cluster.transforms.rotation_grid`), integer
+    shifts within ``+-max_translation`` pixels
+    (:func:`~invariant_cluster.transforms.translation_grid`), and whether to ``refine``.
+
+    Examples
+    --------
+    >>> from invariant_cluster.alignment import make_search_grid
+    >>> grid = make_search_grid("se2", max_rotation=180.0, n_rotations=36, max_translation=2)
+    >>> len(grid.angles), len(grid.shifts), grid.size
+    (36, 25, 900)
+    >>> make_search_grid("none").size  # nothing searched: plain Euclidean distances
+    1
+    """
     if not isinstance(group, str) or group not in GROUPS:
         raise ValueError(f"group: expected one of {GROUPS}, got {group!r}")
     for name, val in (("max_rotation", max_rotation), ("max_translation", max_translation)):

@@ -219,6 +219,17 @@ class SoftmaxAttention(_MultiHeadBase):
     Notes
     -----
     ``forward(x)`` maps ``(B, N, C)`` to ``(B, N, C)`` and uses :meth:`compute_qkv`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from invariant_cluster.attention import SoftmaxAttention
+    >>> layer = SoftmaxAttention(dim=16, num_heads=4)
+    >>> x = torch.randn(2, 10, 16, generator=torch.Generator().manual_seed(0))
+    >>> layer(x).shape
+    torch.Size([2, 10, 16])
+    >>> [t.shape for t in layer.compute_qkv(x)][0]  # (B, num_heads, N, head_dim)
+    torch.Size([2, 4, 10, 4])
     """
 
     def __init__(self, dim, num_heads):
@@ -247,6 +258,16 @@ class SymmetricAttention(_MultiHeadBase):
     One projection ``qk`` gives both queries and keys, so the attention logits ``s k_i . k_j``
     are symmetric; this is the setting in which RPC-Attention is defined. ``forward(x)`` maps
     ``(B, N, C)`` to ``(B, N, C)`` and uses :meth:`compute_qkv`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from invariant_cluster.attention import SymmetricAttention
+    >>> layer = SymmetricAttention(dim=16, num_heads=4)
+    >>> x = torch.randn(2, 10, 16, generator=torch.Generator().manual_seed(0))
+    >>> q, k, v = layer.compute_qkv(x)
+    >>> q is k, layer(x).shape
+    (True, torch.Size([2, 10, 16]))
     """
 
     def __init__(self, dim, num_heads):
@@ -281,6 +302,22 @@ class RPCAttention(SymmetricAttention):
     per head the output is ``principal_attention_pursuit(k, v, n_iter, lam, embed_dim=dim)``,
     i.e. ``mu = N C / (4 ||k||_1)`` with ``C`` the full width, as in the released code.
     :meth:`compute_qkv` returns the keys before PAP cleans them.
+
+    Examples
+    --------
+    With one iteration and no shrinkage (``lam=inf``) it is the symmetric attention it extends:
+
+    >>> import math
+    >>> import torch
+    >>> from invariant_cluster.attention import RPCAttention, SymmetricAttention
+    >>> sym = SymmetricAttention(dim=16, num_heads=4)
+    >>> rpc = RPCAttention(dim=16, num_heads=4, n_iter=1, lam=math.inf)
+    >>> _ = rpc.load_state_dict(sym.state_dict())  # the same weights
+    >>> x = torch.randn(2, 10, 16, generator=torch.Generator().manual_seed(0))
+    >>> bool(torch.allclose(rpc(x), sym(x), atol=1e-6))
+    True
+    >>> RPCAttention(dim=16, num_heads=4)(x).shape  # the default: 4 PAP iterations
+    torch.Size([2, 10, 16])
     """
 
     def __init__(self, dim, num_heads, n_iter=4, lam=4.0):
@@ -354,6 +391,17 @@ class VisionTransformer(nn.Module):
     ``(B, num_classes)`` read from the class token. Initialisation: truncated normal with
     standard deviation 0.02 for linear and patch weights, positional embedding and class token;
     zero biases; LayerNorm at identity (the usual ViT choice).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from invariant_cluster.attention import VisionTransformer
+    >>> model = VisionTransformer(28, 7, dim=32, depth=2, num_heads=4, num_classes=10,
+    ...                           attention="rpc", random_state=0)  # RPC-SymViT
+    >>> model(torch.zeros(3, 1, 28, 28)).shape
+    torch.Size([3, 10])
+    >>> [type(block.attn).__name__ for block in model.blocks]
+    ['RPCAttention', 'SymmetricAttention']
     """
 
     def __init__(

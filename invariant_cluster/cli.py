@@ -670,13 +670,20 @@ def _cmd_demo(args):
                              "converged": bool(est.history_ and est.history_[-1] <= est.tol),
                              "n_clusters": int(est.n_clusters_)})
         with progress.stage("writing"):
+            import numpy as np
+
             from .plotting import plot_invariant_means
 
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
+            # "c3: mostly 7" — the cluster's index and its most common true digit, so that the
+            # caption is not read as the digit itself
+            majority = [int(np.bincount(y[invariant.labels_ == c], minlength=1).argmax())
+                        for c in range(invariant.n_clusters_)]
             ax = plot_invariant_means(
                 invariant, title=f"invariant means: {n} digits rotated within "
-                                 f"±{args.max_rotation:g}°")
+                                 f"±{args.max_rotation:g}°",
+                captions=[f"c{c}: mostly {d}" for c, d in enumerate(majority)])
             _save_figure(ax, out / "invariant_means.png")
             report = {
                 "data": name,

@@ -158,7 +158,7 @@ def plot_images(images, ax=None, *, captions=None, n_cols=None, image_shape=None
 
 
 def plot_invariant_means(estimator, ax=None, *, n_cols=None, max_clusters=None, cmap="gray",
-                         title="invariant means"):
+                         title="invariant means", captions=None):
     """Draw each cluster's invariant mean (``cluster_centers_``), captioned with its id and size.
 
     Parameters
@@ -173,11 +173,29 @@ def plot_invariant_means(estimator, ax=None, *, n_cols=None, max_clusters=None, 
         Draw only the first (largest) clusters; None draws all.
     cmap : str, default="gray"
     title : str, default="invariant means"
+    captions : sequence of str, default=None
+        One caption per drawn cluster, e.g. the class most of its members belong to. None
+        writes ``"c<id> (n=<size>)"``: ``c3`` is cluster 3 (an index, not a class), with its
+        number of samples.
 
     Returns
     -------
     ax : matplotlib.axes.Axes
-        One ``AxesImage`` per drawn cluster; captions read ``"<id> (n=<size>)"``.
+        One ``AxesImage`` per drawn cluster, with its caption.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from invariant_cluster import InvariantAttentionClusterer
+    >>> from invariant_cluster.datasets import load_digits_images, make_transformed_copies
+    >>> digits = load_digits_images()
+    >>> X = np.concatenate([make_transformed_copies(digits.images[i], 6, max_rotation=180,
+    ...                                             random_state=i)[0] for i in range(2)])
+    >>> est = InvariantAttentionClusterer(group="rotation", n_neighbors=6, random_state=0).fit(X)
+    >>> from invariant_cluster.plotting import plot_invariant_means
+    >>> ax = plot_invariant_means(est)
+    >>> len(ax.images) == est.n_clusters_, ax.texts[0].get_text().startswith("c0 (n=")
+    (True, True)
     """
     _check_fitted(estimator, ["cluster_centers_", "labels_"])
     centers = np.asarray(estimator.cluster_centers_)
@@ -186,7 +204,13 @@ def plot_invariant_means(estimator, ax=None, *, n_cols=None, max_clusters=None, 
     sizes = np.bincount(np.asarray(estimator.labels_), minlength=len(X))
     k = len(X) if max_clusters is None else max(0, min(int(max_clusters), len(X)))
     X = X[:k]
-    captions = [f"{c} (n={sizes[c]})" for c in range(k)]
+    if captions is None:
+        captions = [f"c{c} (n={sizes[c]})" for c in range(k)]
+    else:
+        captions = [str(c) for c in captions]
+        if len(captions) != k:
+            raise ValueError(f"captions: expected {k} captions (one per drawn cluster), got "
+                             f"{len(captions)}")
     if n_cols is None:
         n_cols = min(10, max(1, k))
     n_rows = max(1, math.ceil(k / n_cols))
@@ -241,6 +265,20 @@ def plot_alignments(estimator, X, n=8, ax=None, *, indices=None, cmap="gray",
     ValueError
         If ``X`` does not hold as many samples as the estimator was fitted on, or an index is
         out of range.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from invariant_cluster import InvariantAttentionClusterer
+    >>> from invariant_cluster.datasets import load_digits_images, make_transformed_copies
+    >>> digits = load_digits_images()
+    >>> X = np.concatenate([make_transformed_copies(digits.images[i], 6, max_rotation=180,
+    ...                                             random_state=i)[0] for i in range(2)])
+    >>> est = InvariantAttentionClusterer(group="rotation", n_neighbors=6, random_state=0).fit(X)
+    >>> from invariant_cluster.plotting import plot_alignments
+    >>> ax = plot_alignments(est, X, n=4)
+    >>> len(ax.images)  # originals, aligned copies, cluster means
+    12
     """
     from .transforms import warp_se2
 
@@ -304,6 +342,20 @@ def plot_attention_weights(estimator, ax=None, *, cmap="magma_r", gamma=0.5,
     -------
     ax : matplotlib.axes.Axes
         One ``AxesImage``; the tick labels are the cluster ids.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from invariant_cluster import InvariantAttentionClusterer
+    >>> from invariant_cluster.datasets import load_digits_images, make_transformed_copies
+    >>> digits = load_digits_images()
+    >>> X = np.concatenate([make_transformed_copies(digits.images[i], 6, max_rotation=180,
+    ...                                             random_state=i)[0] for i in range(2)])
+    >>> est = InvariantAttentionClusterer(group="rotation", n_neighbors=6, random_state=0).fit(X)
+    >>> from invariant_cluster.plotting import plot_attention_weights
+    >>> ax = plot_attention_weights(est)
+    >>> ax.images[0].get_array().shape == (len(X), len(X))
+    True
     """
     from matplotlib.colors import PowerNorm
 
@@ -360,6 +412,20 @@ def plot_convergence(estimator, ax=None, *, title="convergence"):
     -------
     ax : matplotlib.axes.Axes
         One line with ``len(history_)`` points (iterations 1, 2, ...).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from invariant_cluster import InvariantAttentionClusterer
+    >>> from invariant_cluster.datasets import load_digits_images, make_transformed_copies
+    >>> digits = load_digits_images()
+    >>> X = np.concatenate([make_transformed_copies(digits.images[i], 6, max_rotation=180,
+    ...                                             random_state=i)[0] for i in range(2)])
+    >>> est = InvariantAttentionClusterer(group="rotation", n_neighbors=6, random_state=0).fit(X)
+    >>> from invariant_cluster.plotting import plot_convergence
+    >>> ax = plot_convergence(est)
+    >>> len(ax.lines[0].get_xdata()) == len(est.history_)
+    True
     """
     _check_fitted(estimator, ["history_"])
     history = np.asarray(estimator.history_, dtype=np.float64)

@@ -51,7 +51,7 @@ class TestPlotInvariantMeans:
         ax = P.plot_invariant_means(est)
         assert len(ax.images) == est.n_clusters_ == 2
         sizes = np.bincount(est.labels_)
-        assert _texts(ax) == [f"{c} (n={sizes[c]})" for c in range(2)]
+        assert _texts(ax) == [f"c{c} (n={sizes[c]})" for c in range(2)]
         assert ax.get_title() == "invariant means"
         shown = ax.images[0].get_array()
         assert shown.shape == (11, 11)
@@ -63,6 +63,13 @@ class TestPlotInvariantMeans:
         ax = P.plot_invariant_means(est, ax=axs[1], max_clusters=1, title=None)
         assert ax is axs[1]
         assert len(ax.images) == 1 and len(axs[0].images) == 0
+
+    def test_captions(self, fitted):
+        est, _ = fitted
+        ax = P.plot_invariant_means(est, captions=["a T", "a box"])
+        assert _texts(ax) == ["a T", "a box"]
+        with pytest.raises(ValueError, match="captions"):
+            P.plot_invariant_means(est, captions=["one"])
 
     def test_unfitted(self):
         with pytest.raises(NotFittedError):
