@@ -60,7 +60,7 @@ plt.show()
 # %%
 # Three clusterings, one score
 # ----------------------------
-common = dict(n_neighbors=n_copies, random_state=0)
+common = dict(random_state=0)  # every other parameter at its default
 kernel = InvariantAttentionClusterer(group="none", **common).fit(X)
 invariant = InvariantAttentionClusterer(group="se2", max_rotation=180.0, n_rotations=36,
                                         max_translation=max_translation, **common).fit(X)

@@ -56,9 +56,9 @@ plt.show()
 # -----------------------------------
 kmeans = KMeans(n_clusters=10, n_init=10, random_state=SEED).fit(X.reshape(N, -1))
 invariant = InvariantAttentionClusterer(n_clusters=10, group="rotation", max_rotation=60.0,
-                                        n_rotations=13, max_iter=15, random_state=SEED)
-with warnings.catch_warnings():  # max_iter=15 keeps this page quick and may stop early
-    warnings.simplefilter("ignore", ConvergenceWarning)
+                                        n_rotations=13, random_state=SEED)
+with warnings.catch_warnings():
+    warnings.simplefilter("error", ConvergenceWarning)  # it converges at the defaults
     invariant.fit(X)
 predictions = {"k-means (pixels)": kmeans.labels_, "invariant attention": invariant.labels_}
 print(f"{'method':<22}{'ACC':>7}{'ARI':>7}{'NMI':>7}")

@@ -21,7 +21,6 @@ import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-
 # HDBSCAN's density is the distance to the 2nd nearest embedded point: its default (the minimum
 # cluster size) merged two groups of 3 copies in 15 samples; 1 and 2 gave the same partitions on
 # every test set and MNIST.

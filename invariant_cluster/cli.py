@@ -581,7 +581,6 @@ steps unless --n-rotations says otherwise."""
 
 _DEMO_N_DIGITS = 1000  # 8 x 8 digits: about a minute on 2 shared CPU cores (measured)
 _DEMO_N_MNIST = 300   # 28 x 28 images cost about 12 times more per pair
-_DEMO_MAX_ITER = 15   # bounds the run time whatever the estimator's default max_iter
 
 
 def _demo_data(args):
@@ -654,15 +653,18 @@ def _cmd_demo(args):
                          "seconds": time.perf_counter() - t0})
         from sklearn.exceptions import ConvergenceWarning
 
-        common = dict(n_clusters=10, max_iter=args.max_iter, random_state=args.seed,
-                      device=args.device, verbose=args.verbose)
+        common = dict(n_clusters=10, random_state=args.seed, device=args.device,
+                      verbose=args.verbose)
+        if args.max_iter is not None:
+            common["max_iter"] = args.max_iter
         kernel = InvariantAttentionClusterer(group="none", **common)
         invariant = InvariantAttentionClusterer(group="rotation", max_rotation=search,
                                                 n_rotations=n_rot, **common)
         for method, est, stage in (("kernel attention", kernel, "kernel attention"),
                                    ("invariant attention", invariant, "invariant attention")):
-            # the demo stops at --max-iter on purpose; "did not converge" would only confuse
-            with progress.stage(stage), _warnings_as_lines(ignore=[ConvergenceWarning]):
+            # a --max-iter given on purpose may stop early; "did not converge" would only confuse
+            ignore = [ConvergenceWarning] if args.max_iter is not None else []
+            with progress.stage(stage), _warnings_as_lines(ignore=ignore):
                 t0 = time.perf_counter()
                 est.fit(X)
                 rows.append({"method": method, **clustering_scores(y, est.labels_),
@@ -691,7 +693,7 @@ def _cmd_demo(args):
                 "max_rotation": args.max_rotation,
                 "seed": args.seed,
                 "invariant_search": {"max_rotation": search, "n_rotations": n_rot},
-                "max_iter": args.max_iter,
+                "max_iter": invariant.max_iter,
                 "results": rows,
                 "environment": _environment(),
             }
@@ -811,9 +813,9 @@ def build_parser():
     d.add_argument("--n-rotations", type=_positive_int, metavar="R",
                    help="angles in invariant attention's rotation grid (default: about one "
                         "per 5 degrees)")
-    d.add_argument("--max-iter", type=_nonnegative_int, default=_DEMO_MAX_ITER, metavar="N",
-                   help="most attention iterations of both attention methods (default: "
-                        f"{_DEMO_MAX_ITER}, as benchmarks/bench_clustering.py)")
+    d.add_argument("--max-iter", type=_nonnegative_int, default=None, metavar="N",
+                   help="most attention iterations of both attention methods (default: the "
+                        "estimator's, which converges)")
     d.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     d.add_argument("--device", default="auto", metavar="DEV",
                    help="auto (default; a GPU when there is one), cpu, cuda or cuda:N")
