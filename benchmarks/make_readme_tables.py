@@ -87,14 +87,25 @@ def hardware(result):
 def table_clustering(r):
     rows = r.get("rows", [])
     out = []
-    for variant in dict.fromkeys(row.get("variant", "") for row in rows):
-        sub = [row for row in rows if row.get("variant", "") == variant]
-        n = sub[0].get("n", "")
-        out.append(f"**{variant}** (n = {n})\n")
+    for key in dict.fromkeys((row.get("variant", ""), row.get("n", "")) for row in rows):
+        sub = [row for row in rows if (row.get("variant", ""), row.get("n", "")) == key]
+        out.append(f"**{key[0]}** (n = {key[1]})\n")
         out.append(md_table(
-            ["method", "ACC", "ARI", "NMI", "seconds"],
-            [[row["method"], row.get("acc", row.get("ACC")), row.get("ari", row.get("ARI")),
-              row.get("nmi", row.get("NMI")), row.get("seconds")] for row in sub]))
+            ["method", "ACC", "NMI", "ARI", "seconds", "process peak RSS (MB)", "clusters",
+             "iterations (converged)"],
+            [[row["method"], row.get("acc", row.get("ACC")), row.get("nmi", row.get("NMI")),
+              row.get("ari", row.get("ARI")), row.get("seconds"), row.get("peak_rss_mb"),
+              row.get("n_clusters_found", ""),
+              (f"{row['n_iter']} ({'yes' if row.get('converged') else 'no'})"
+               if row.get("n_iter") is not None else "")] for row in sub]))
+        extra = [row for row in sub if row.get("means_graph_purity") is not None]
+        for row in extra:
+            agree = row.get("predict_agreement")
+            out.append(f"\nkNN-graph purity (edges joining two samples of one class): samples "
+                       f"{fmt(row.get('knn_purity'))}, converged means "
+                       f"{fmt(row.get('means_graph_purity'))}"
+                       + (f"; predict(X) agrees with labels_ on {fmt(agree)}"
+                          if agree is not None else "") + ".")
         out.append("")
     if "sweep" in r:
         out.append(table_generic({"rows": r["sweep"]}))

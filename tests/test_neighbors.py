@@ -63,9 +63,9 @@ class TestMemory:
         assert isinstance(info.value, MemoryError) and isinstance(info.value, ValueError)
 
     def test_candidate_search_checks_before_allocating(self, monkeypatch):
-        import invariant_cluster.neighbors as nb
+        import invariant_cluster._memory as memory
 
-        monkeypatch.setattr(nb, "memory_budget", lambda device="cpu": 1000)
+        monkeypatch.setattr(memory, "memory_budget", lambda device="cpu": 1000)
         X = torch.rand(4, 1, 8, 8)
         grid = make_search_grid("rotation", 45.0, 5, refine=False)
         with pytest.raises(MemoryError, match="needs .* available"):
