@@ -170,8 +170,8 @@ def _means_graph_purity(est, y, search):
     grid = make_search_grid("se2", refine=False, **search)
     M = torch.as_tensor(est.invariant_means_).reshape(-1, *est.image_shape_)
     with torch.no_grad():
-        _, idx_m, _ = _means_graph(M, torch.as_tensor(est.neighbors_), grid,
-                                   est.neighbors_.shape[1], None, None)
+        _, idx_m, _ = _means_graph(M, torch.as_tensor(est.neighbors_[:, 1:]), grid,
+                                   est.neighbors_.shape[1] - 1, None, None)
     return {"means_graph_purity": float((y[idx_m.numpy()] == y[:, None]).mean())}
 
 

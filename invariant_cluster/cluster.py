@@ -186,10 +186,11 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
         Iterations until convergence (``max_iter`` when it did not converge).
     history_ : list of float
         Largest relative move ``max_i ||m_i(t+1) - m_i(t)|| / sigma_i`` per iteration.
-    neighbors_ : ndarray of shape (n_samples, n_neighbors)
-        The samples each sample attended to (nearest first, itself not included).
+    neighbors_ : ndarray of shape (n_samples, n_neighbors + 1)
+        The samples each sample attended to: itself first, then its invariant nearest
+        neighbours, nearest first.
     attention_weights_ : ndarray of shape (n_samples, n_neighbors + 1)
-        The last iteration's weights, the sample itself first (rows sum to 1).
+        The last iteration's weights on them (rows sum to 1).
     n_features_in_ : int
     image_shape_ : tuple (C, H, W)
 
@@ -378,7 +379,8 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
         self.alignments_ = params.cpu().numpy().astype(np.float64)
         self.bandwidth_ = sigma.cpu().numpy().astype(np.float64)
         self.rho_ = rho.cpu().numpy().astype(np.float64)
-        self.neighbors_ = idx.cpu().numpy()
+        self.neighbors_ = torch.cat(
+            [torch.arange(n, device=idx.device)[:, None], idx], 1).cpu().numpy()
         self.attention_weights_ = W.cpu().numpy().astype(np.float64)
         self.history_ = [float(h) for h in history]
         self.n_iter_ = len(history)

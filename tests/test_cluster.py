@@ -318,10 +318,10 @@ class TestPlainKernelAttentionReference:
     def test_attention_weights_and_neighbours(self):
         X = np.random.default_rng(3).random((8, 16))
         est = _fit(X, group="none", n_neighbors=4, max_iter=1, device="cpu")
-        assert est.neighbors_.shape == (8, 4) and est.attention_weights_.shape == (8, 5)
-        assert not np.any(est.neighbors_ == np.arange(8)[:, None])  # itself not a neighbour
+        assert est.neighbors_.shape == (8, 5) and est.attention_weights_.shape == (8, 5)
+        np.testing.assert_array_equal(est.neighbors_[:, 0], np.arange(8))  # itself first
         d = np.sqrt(_sqdist(X, X))
-        np.testing.assert_array_equal(est.neighbors_, np.argsort(d, 1)[:, 1:5])
+        np.testing.assert_array_equal(est.neighbors_[:, 1:], np.argsort(d, 1)[:, 1:5])
         np.testing.assert_allclose(est.attention_weights_.sum(1), 1.0, atol=1e-9)
         assert np.all(est.attention_weights_ >= 0)
 

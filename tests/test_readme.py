@@ -72,5 +72,5 @@ def test_tables_script_updates_markers(tmp_path):
     assert proc.returncode == 0, proc.stderr
     new = readme.read_text()
     assert "old" not in new and new.startswith("a\n") and new.endswith("b\n")
-    assert "| k-means (pixels) | 0.500 | 0.300 | 0.400 | 1.000 |" in new
+    assert "| k-means (pixels) | 0.500 | 0.400 | 0.300 | 1.000 |" in new  # ACC, NMI, ARI, s
     assert "2 CPU cores" in new
