@@ -23,7 +23,14 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._grouping import embed_and_cluster, graph_modes, two_hop_candidates
 from ._utils import resolve_device, resolve_image_shape
-from .alignment import GROUPS, all_pairs, fast_warp, grid_search, make_search_grid
+from .alignment import (
+    GROUPS,
+    all_pairs,
+    fast_warp,
+    grid_search,
+    make_search_grid,
+    refine_alignments,
+)
 from .barycenters import invariant_mean_tensor
 
 __all__ = ["InvariantAttentionClusterer", "invariant_attention_clustering"]
@@ -640,7 +647,16 @@ def _relabel_by_size(labels):
 
 
 def _cluster_means(Xt, M, labels, grid, batch_size, D_knn):
-    """Each cluster's invariant mean of its samples, and each sample's alignment onto it."""
+    """Each cluster's invariant mean of its samples, and each sample's alignment onto it.
+
+    The fixed-point iteration of the invariant mean runs on the grid (three rounds, started at
+    the cluster's densest converged mean); then two rounds with the continuous refinement
+    (``grid.refine``, about 20 warps per sample and round), the centre being the average of the
+    members warped with the refined alignments.
+    """
+    from dataclasses import replace
+
+    coarse = replace(grid, refine=False)
     n_clusters = int(labels.max()) + 1
     centers = []
     params = torch.zeros((Xt.shape[0], 3), dtype=Xt.dtype, device=Xt.device)
@@ -650,8 +666,12 @@ def _cluster_means(Xt, M, labels, grid, batch_size, D_knn):
         w = torch.full((len(members),), 1.0 / len(members), dtype=Xt.dtype, device=Xt.device)
         # start from the converged mean of the member in the densest place
         init = M[members[int(torch.argmin(density[members]))]]
-        mu, p, _ = invariant_mean_tensor(Xt[members], w, grid, init=init, max_iter=5, tol=1e-4,
+        Xc = Xt[members]
+        mu, p, _ = invariant_mean_tensor(Xc, w, coarse, init=init, max_iter=3, tol=1e-4,
                                          batch_size=batch_size)
+        for _ in range(2 if grid.refine else 0):  # refined rounds of the same fixed point
+            _, p = refine_alignments(mu.expand(len(members), *mu.shape), Xc, p, grid)
+            mu = (w[:, None, None, None] * fast_warp(Xc, p)).sum(0)
         centers.append(mu)
         params[members] = p
     return torch.stack(centers), params
