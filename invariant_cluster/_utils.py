@@ -149,3 +149,15 @@ def check_images(X, *, name="X", image_shape=None, allow_torch=True, min_samples
     if not finite:
         raise ValueError(f"{name}: contains NaN or infinity")
     return X, tuple(int(s) for s in shape)
+
+
+def flatten_images(X, image_shape):
+    """Flatten ``(n, H, W)``/``(n, C, H, W)`` input; return ``(X2d, image_shape or None)``."""
+    if isinstance(X, torch.Tensor):
+        X = X.detach().cpu().numpy()
+    if getattr(X, "ndim", 0) in (3, 4):
+        shape = tuple(X.shape[1:]) if X.ndim == 4 else (1, *X.shape[1:])
+        if image_shape is not None:
+            shape = resolve_image_shape(math.prod(shape), image_shape)
+        return np.asarray(X).reshape(X.shape[0], math.prod(X.shape[1:])), shape
+    return X, None

@@ -22,7 +22,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._grouping import embed_and_cluster, graph_modes, two_hop_candidates
-from ._utils import resolve_device, resolve_image_shape
+from ._utils import flatten_images, resolve_device, resolve_image_shape
 from .alignment import (
     GROUPS,
     all_pairs,
@@ -49,18 +49,6 @@ _SIGMA_CAP = 0.25
 _CHECK_EVERY = 10
 # blurring update: the partition into modes must stay the same this many iterations in a row
 _STABLE_ITERS = 3
-
-
-def _to_2d(X, image_shape):
-    """Flatten ``(n, H, W)``/``(n, C, H, W)`` input; return ``(X2d, image_shape or None)``."""
-    if isinstance(X, torch.Tensor):
-        X = X.detach().cpu().numpy()
-    if getattr(X, "ndim", 0) in (3, 4):
-        shape = tuple(X.shape[1:]) if X.ndim == 4 else (1, *X.shape[1:])
-        if image_shape is not None:
-            shape = resolve_image_shape(math.prod(shape), image_shape)
-        return np.asarray(X).reshape(X.shape[0], math.prod(X.shape[1:])), shape
-    return X, None
 
 
 @contextlib.contextmanager
@@ -287,7 +275,7 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
                                 self.max_translation, refine and self.refine)
 
     def _validate(self, X, reset):
-        X2, shape = _to_2d(X, self.image_shape)
+        X2, shape = flatten_images(X, self.image_shape)
         # integers (uint8 images) become float32; float64 stays float64
         X2 = validate_data(self, X2, reset=reset, dtype=[np.float32, np.float64],
                            ensure_min_samples=1 if not reset else 2)

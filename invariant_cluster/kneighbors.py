@@ -16,7 +16,6 @@ module only composes them.
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
@@ -32,7 +31,7 @@ from sklearn.base import (
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._utils import resolve_device, resolve_image_shape
+from ._utils import flatten_images, resolve_device, resolve_image_shape
 from .alignment import GROUPS, grid_search, make_search_grid, refine_pairs
 
 __all__ = ["InvariantKNeighborsTransformer", "invariant_kneighbors_graph", "symmetrize_graph"]
@@ -54,18 +53,6 @@ _CANDIDATE_FACTOR = 2
 # neighbours of 1,000 rotated MNIST digits (k = 15) but the share of neighbours with the
 # query's digit only from 0.718 to 0.721, at twice the cost: refinement is most of the time of
 # the shortlisted search (benchmarks/bench_neighbors.py).
-
-
-def _to_2d(X, image_shape):
-    """Flatten ``(n, H, W)``/``(n, C, H, W)`` input; return ``(X2d, image shape or None)``."""
-    if isinstance(X, torch.Tensor):
-        X = X.detach().cpu().numpy()
-    if getattr(X, "ndim", 0) in (3, 4):
-        shape = tuple(X.shape[1:]) if X.ndim == 4 else (1, *X.shape[1:])
-        if image_shape is not None:
-            shape = resolve_image_shape(math.prod(shape), image_shape)
-        return np.asarray(X).reshape(X.shape[0], math.prod(X.shape[1:])), shape
-    return X, None
 
 
 def _csr(data, ind, n_fit):
@@ -242,7 +229,7 @@ class InvariantKNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, Transforme
                                 self.max_translation, self.refine)
 
     def _validate(self, X, reset):
-        X2, shape = _to_2d(X, self.image_shape)
+        X2, shape = flatten_images(X, self.image_shape)
         dims = tuple(getattr(X2, "shape", ()))
         if len(dims) == 2 and dims[0] == 0:
             raise ValueError(f"X: expected at least 1 sample, got shape {dims}")
