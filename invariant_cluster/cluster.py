@@ -554,11 +554,14 @@ def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=N
     for r0 in range(0, n, rows_per):
         rows = torch.arange(r0, min(n, r0 + rows_per), device=Xt.device)
         keys = _aligned_keys(Xt, rows, idx[rows], P[rows])
+        # ||m - key||^2 = ||m||^2 - 2 <m, key> + ||key||^2: one batched product per step
+        ksq = (keys * keys).sum(2)
         m = keys[:, 0].clone()
         s = sigma[rows]
         it = 0
         while it < max_iter:
-            d = torch.linalg.vector_norm(m[:, None] - keys, dim=2)
+            mk = torch.bmm(keys, m[:, :, None])[..., 0]
+            d = ((m * m).sum(1, keepdim=True) - 2.0 * mk + ksq).clamp(min=0).sqrt()
             w = attention_weights(d, rho[rows], s, bandwidth)
             new = torch.bmm(w[:, None].to(keys.dtype), keys)[:, 0]
             moves[it] = torch.maximum(
