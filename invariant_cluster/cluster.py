@@ -93,7 +93,8 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
     max_rotation : float, default=180.0
         Rotations searched within ``+-max_rotation`` degrees. The most sensitive choice: search
         only the range the data has. A full-circle search on upright digits confuses 6 and 9
-        (ARI 0.62 against 0.79 for k-means on pixels, measured on unrotated MNIST).
+        (ARI 0.62 against 0.79 for k-means on pixels, measured on unrotated MNIST with the
+        first version of this estimator).
     n_rotations : int, default=36
         Grid angles (0 is always included).
     max_translation : float, default=0
@@ -107,9 +108,10 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
         sample itself, weight 1) is ``exp(-max(d - rho_i, 0) / sigma_i)``. A float is a global
         Gaussian ``sigma``: weights ``exp(-d^2 / (2 sigma^2))`` (plain mean shift).
     n_neighbors : int, default=15
-        The other samples each sample attends to (and the kNN graph's degree). Insensitive in
-        the measured range (see ``benchmarks/bench_clustering.py``); on data sets smaller than
-        ``n_neighbors + 1`` all other samples are used.
+        The other samples each sample attends to (and the kNN graph's degree); on data sets
+        smaller than ``n_neighbors + 1`` all other samples are used. The calibrated bandwidth
+        adapts to each sample's local scale, so a cluster may be smaller than the
+        neighbourhood (the tests use groups of 3 and of 60 copies at the default).
     update : {"fixed", "blurring"}, default="fixed"
         "fixed": the keys stay at the samples (mean shift on each sample's aligned
         neighbourhood): a monotone ascent of a kernel density that converges by construction
@@ -123,9 +125,9 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
         their neighbours. The means' graph is purer (on 2,000 MNIST digits rotated within +-45
         degrees, 87.8% of its edges join two digits of the same class, against 84.0% for the
         samples' graph), but umap-learn and k-means group it worse (ACC 0.89-0.90 against
-        0.90-0.92 over three seeds): its denoised means form small tight islands that the
-        embedding keeps apart. Hence the default; ``benchmarks/bench_clustering.py`` reports
-        both.
+        0.90-0.92 over three seeds), presumably because the denoised means form tight islands
+        that the embedding keeps apart. Hence the default; ``benchmarks/bench_clustering.py``
+        reports the purity of both graphs.
     max_iter : int, default=300
     tol : float, default=1e-3
         "fixed": converged when the largest move of a mean relative to its bandwidth,
