@@ -559,21 +559,30 @@ def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=N
         # ||m - key||^2 = ||m||^2 - 2 <m, key> + ||key||^2: one batched product per step
         ksq = (keys * keys).sum(2)
         m = keys[:, 0].clone()
-        s = sigma[rows]
+        s, r = sigma[rows], rho[rows]
+        # rows still moving: at each check, the rows whose last step was below tol are done
+        # and leave the batch (they keep their mean), so late iterations cost little
+        act = torch.arange(len(rows), device=Xt.device)
+        ka, kq, sa, ra, ma = keys, ksq, s, r, m.clone()
         it = 0
         while it < max_iter:
-            mk = torch.bmm(keys, m[:, :, None])[..., 0]
-            d = ((m * m).sum(1, keepdim=True) - 2.0 * mk + ksq).clamp(min=0).sqrt()
-            w = attention_weights(d, rho[rows], s, bandwidth)
-            new = torch.bmm(w[:, None].to(keys.dtype), keys)[:, 0]
-            moves[it] = torch.maximum(
-                moves[it], (torch.linalg.vector_norm(new - m, dim=1) / s).max())
-            m = new
+            mk = torch.bmm(ka, ma[:, :, None])[..., 0]
+            d = ((ma * ma).sum(1, keepdim=True) - 2.0 * mk + kq).clamp(min=0).sqrt()
+            w = attention_weights(d, ra, sa, bandwidth)
+            new = torch.bmm(w[:, None].to(ka.dtype), ka)[:, 0]
+            step = torch.linalg.vector_norm(new - ma, dim=1) / sa
+            moves[it] = torch.maximum(moves[it], step.max())
+            ma = new
             it += 1
-            if it % _CHECK_EVERY == 0 and float(moves[it - _CHECK_EVERY:it].min()) < tol:
-                break
+            if it % _CHECK_EVERY == 0:
+                m[act] = ma
+                keep = step >= tol
+                if not bool(keep.any()):
+                    break
+                act, ka, kq, sa, ra, ma = (t[keep] for t in (act, ka, kq, sa, ra, ma))
+        m[act] = ma
         d = torch.linalg.vector_norm(m[:, None] - keys, dim=2)
-        W[rows] = attention_weights(d, rho[rows], s, bandwidth)
+        W[rows] = attention_weights(d, r, s, bandwidth)
         M[rows] = m
         done = max(done, it)
     history = moves[:done].cpu().tolist()
