@@ -614,8 +614,8 @@ class TestNeighborSearch:
 
     def test_shortlist_of_every_key_is_exact(self, figure2):
         X, _ = figure2
-        kw = dict(n_clusters=4, n_neighbors=6, n_rotations=12, max_translation=1,
-                  random_state=0, device="cpu")
+        kw = dict(n_clusters=4, n_rotations=12, max_translation=1, random_state=0,
+                  device="cpu")
         a = _fit(X, neighbor_search="exact", **kw)
         b = _fit(X, neighbor_search="shortlist", n_candidates=len(X), **kw)
         np.testing.assert_array_equal(a.labels_, b.labels_)
@@ -623,15 +623,16 @@ class TestNeighborSearch:
 
     def test_shortlist_recovers_the_groups(self, figure2):
         X, y = figure2
-        est = _fit(X, n_clusters=4, n_neighbors=6, n_rotations=12, max_translation=1,
-                   neighbor_search="shortlist", n_candidates=12, random_state=0, device="cpu")
+        # the default n_neighbors (15 of 23 others), a shortlist of 16 candidates
+        est = _fit(X, n_clusters=4, n_rotations=12, max_translation=1,
+                   neighbor_search="shortlist", n_candidates=16, random_state=0, device="cpu")
         assert adjusted_rand_score(y, est.labels_) == 1.0
 
     def test_dask_local_cluster_gives_the_same_labels(self, figure2):
         distributed = pytest.importorskip("distributed")
         X, _ = figure2
-        kw = dict(n_clusters=4, n_neighbors=6, n_rotations=12, max_translation=1,
-                  random_state=0, device="cpu")
+        kw = dict(n_clusters=4, n_rotations=12, max_translation=1, random_state=0,
+                  device="cpu")
         ref = _fit(X, **kw)
         with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
                                       dashboard_address=":0") as cluster:
