@@ -25,6 +25,8 @@ k-means, run on the graph of the converged means instead of the samples' kNN gra
     python benchmarks/bench_clustering.py --rows rotated45:2000       # one row
     python benchmarks/bench_clustering.py                              # every row (long)
     python benchmarks/bench_clustering.py --quick                      # n = 500, a minute
+    python benchmarks/bench_clustering.py --estimator-only --rows rotated45_shift2:10000
+        # the estimator alone in this process: its own peak RSS
 """
 
 from __future__ import annotations
@@ -175,6 +177,25 @@ def _means_graph_purity(est, y, search):
     return {"means_graph_purity": float((y[idx_m.numpy()] == y[:, None]).mean())}
 
 
+def run_estimator_only(args):
+    rows = []
+    for spec in args.rows or ["rotated45_shift2:10000"]:
+        variant, n = spec.split(":")
+        X, y = make_variant(variant, int(n), args.seed, args.data)
+        base_mb = peak_rss_mb()
+        est = InvariantAttentionClusterer(n_clusters=10, random_state=args.seed,
+                                          **VARIANTS[variant]["search"])
+        _, t, _ = timed(est.fit, X)
+        rows.append({"variant": variant, "n": int(n), "method": "invariant attention",
+                     **scores(y, est.labels_), "seconds": t, "peak_rss_mb": peak_rss_mb(),
+                     "peak_rss_before_fit_mb": base_mb, "n_iter": est.n_iter_})
+        print_table(rows[-1:], ["variant", "n", "acc", "seconds", "peak_rss_mb"])
+    result = {"benchmark": "clustering_estimator_memory", "env": environment(),
+              "args": vars(args), "rows": rows}
+    write_json(result, Path(args.out or RESULTS / "clustering_estimator_memory.json"))
+    return result
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=None, help="folder with the MNIST/Fashion-MNIST test splits")
@@ -182,8 +203,12 @@ def main(argv=None):
                    help="variant:n pairs, e.g. rotated45:2000 (default: every row)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--estimator-only", action="store_true",
+                   help="fit only InvariantAttentionClusterer(n_clusters=10): its own peak RSS")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    if args.estimator_only:
+        return run_estimator_only(args)
     rows_spec = args.rows or (["rotated45:500"] if args.quick else DEFAULT_ROWS)
     result = {"benchmark": "clustering", "env": environment(), "args": vars(args), "rows": []}
     out = Path(args.out or RESULTS / ("clustering_quick.json" if args.quick
