@@ -104,7 +104,7 @@ def table_clustering(r):
             out.append(f"\nkNN-graph purity (edges joining two samples of one class): samples "
                        f"{fmt(row.get('knn_purity'))}, converged means "
                        f"{fmt(row.get('means_graph_purity'))}"
-                       + (f"; predict(X) agrees with labels_ on {fmt(agree)}"
+                       + (f"; predict(X) agrees with the fitted labels on {fmt(agree)}"
                           if agree is not None else "") + ".")
         out.append("")
     if "sweep" in r:

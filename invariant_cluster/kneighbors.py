@@ -146,7 +146,7 @@ class InvariantKNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, Transforme
     Attributes
     ----------
     n_features_in_ : int
-        Number of features seen during :term:`fit`.
+        Number of features seen during ``fit``.
     n_samples_fit_ : int
         Number of fitted images (the number of columns of the graph).
     image_shape_ : tuple (C, H, W)
