@@ -240,7 +240,8 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
         "neighbor_search": [StrOptions({"auto", "exact", "shortlist"})],
         "n_candidates": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "client": "no_validation",
-        "n_jobs": [numbers.Integral, None],
+        "n_jobs": [Interval(numbers.Integral, None, -1, closed="right"),
+                   Interval(numbers.Integral, 1, None, closed="left"), None],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
     }

@@ -233,7 +233,7 @@ class InvariantKNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, Transforme
         dims = tuple(getattr(X2, "shape", ()))
         if len(dims) == 2 and dims[0] == 0:
             raise ValueError(f"X: expected at least 1 sample, got shape {dims}")
-        X2 = validate_data(self, X2, reset=reset, dtype=[np.float64, np.float32])
+        X2 = validate_data(self, X2, reset=reset, dtype=[np.float32, np.float64])
         if reset:
             self.image_shape_ = shape or resolve_image_shape(X2.shape[1], self.image_shape)
         elif shape is not None and tuple(shape) != tuple(self.image_shape_):

@@ -590,7 +590,8 @@ class TestErrors:
                                               ("n_rotations", 0), ("max_rotation", -5.0),
                                               ("max_translation", -1), ("tol", -1.0),
                                               ("max_iter", -1), ("n_clusters", 0),
-                                              ("graph", "pixels"), ("n_jobs", 1.5)])
+                                              ("graph", "pixels"), ("n_jobs", 1.5),
+                                              ("n_jobs", 0)])
     def test_bad_parameters(self, param, value):
         with pytest.raises(ValueError, match=param):
             InvariantAttentionClusterer(**{param: value}).fit(self.X)

@@ -246,6 +246,17 @@ class TestReference:
             np.testing.assert_array_equal(ind, ref_i)
             np.testing.assert_allclose(dist, ref_d, rtol=1e-9, atol=1e-9)
 
+    def test_integer_images_are_searched_in_float32(self):
+        # uint8 images (as loaded from MNIST) become float32, as in the clusterer and
+        # invariant_distances; float64 input stays float64 (test above)
+        X = (np.random.default_rng(9).random((12, 8, 8)) * 255).astype(np.uint8)
+        est = InvariantKNeighborsTransformer(n_neighbors=3, n_rotations=4).fit(X)
+        dist, _ = est.kneighbors(X)
+        assert dist.dtype == np.float32
+        ref, _ = InvariantKNeighborsTransformer(n_neighbors=3, n_rotations=4).fit(
+            X.astype(np.float32)).kneighbors(X.astype(np.float32))
+        np.testing.assert_array_equal(dist, ref)
+
     def test_refined_distances_are_residuals_and_not_larger(self, smooth_images):
         Y = smooth_images(20, 12, seed=3)
         Q = smooth_images(6, 12, seed=4)
