@@ -453,18 +453,6 @@ def _knn(Xt, grid, k, exact, n_candidates, batch_size, client):
                            client=client)
 
 
-def _edge_distances(M, idx, P, rows_per=None):
-    """``||m_i - T_ij m_j||`` along the samples' graph (its alignments), ``(n, k)``."""
-    n, k = idx.shape
-    rows_per = _rows_per_block(n, k, M[0].numel(), M.element_size(), rows_per, M.device)
-    out = M.new_empty((n, k))
-    for r0 in range(0, n, rows_per):
-        rows = torch.arange(r0, min(n, r0 + rows_per), device=M.device)
-        keys = _aligned_keys(M, rows, idx[rows], P[rows])
-        out[rows] = torch.linalg.vector_norm(keys[:, :1] - keys[:, 1:], dim=2)
-    return out
-
-
 def _means_graph(M, idx, grid, k, batch_size, client):
     """The kNN graph of the means, searched among each sample's neighbours' neighbours."""
     from .neighbors import candidate_search
