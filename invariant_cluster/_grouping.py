@@ -23,7 +23,7 @@ from scipy.sparse.csgraph import connected_components
 
 # HDBSCAN's density is the distance to the 2nd nearest embedded point: its default (the minimum
 # cluster size) merged two groups of 3 copies in 15 samples; 1 and 2 gave the same partitions on
-# every test set and MNIST.
+# the four copy sets tried ((5, 3), (5, 6), (10, 20), (3, 60)) and on 2,000 rotated MNIST digits.
 _MIN_SAMPLES = 2
 
 
