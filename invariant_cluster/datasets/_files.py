@@ -39,27 +39,21 @@ def as_images(array, source, image_shape=None):
         )
     if a.shape[0] < 2:
         raise ValueError(f"{source}: expected at least 2 images, got {a.shape[0]}")
-    if a.dtype == np.uint8:
-        a = a.astype(np.float32) / 255.0
-    else:
-        a = a.astype(np.float32)
-    if not np.isfinite(a).all():
-        # float64 values beyond float32's range become infinity here
-        raise ValueError(f"{source}: contains NaN or infinity (or values beyond float32's "
-                         "range)")
-    n = a.shape[0]
-    # the squared distance between two images must stay finite in float32
-    size = math.prod(a.shape[1:])
+    n, size = a.shape[0], math.prod(a.shape[1:])
     if size == 0:
         raise ValueError(f"{source}: expected images of at least one pixel, got shape {a.shape}")
+    if not np.isfinite(a).all():
+        raise ValueError(f"{source}: contains NaN or infinity")
+    # the squared distance between two images must stay finite in float32
     limit = math.sqrt(float(np.finfo(np.float32).max) / (4.0 * size))
-    peak = float(np.abs(a).max())
-    if peak >= limit:
+    peak = max(abs(float(a.max())), abs(float(a.min())))
+    if a.dtype != np.uint8 and peak >= limit:
         raise ValueError(
             f"{source}: values up to {peak:.3g} overflow float32 in the squared distance "
             f"between two images of {size} values; expected |x| < {limit:.3g} (rescale, e.g. "
             "to [0, 1])"
         )
+    a = a.astype(np.float32) / 255.0 if a.dtype == np.uint8 else a.astype(np.float32)
     if image_shape is not None:
         shape = tuple(image_shape)
         if len(shape) == 2:
