@@ -27,54 +27,32 @@ def _version():
     return __version__
 
 
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _number(kind, low, *, what, strict=False, high=None):
+    """An argparse type: a finite ``kind`` (int or float) >= ``low`` (> with ``strict``), at
+    most ``high``; otherwise the error says ``expected <what>``."""
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if (value is None or not math.isfinite(value) or value < low
+                or (strict and value == low) or (high is not None and value > high)):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _nonnegative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _nonnegative_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
-
-
-def _angle(text):
-    value = _nonnegative_float(text)
-    if value > 180:
-        raise argparse.ArgumentTypeError(f"expected degrees in [0, 180], got {text!r}")
-    return value
+_positive_int = _number(int, 1, what="a positive integer")
+_nonnegative_int = _number(int, 0, what="an integer >= 0")
+_nonnegative_float = _number(float, 0, what="a finite number >= 0")
+_angle = _number(float, 0, high=180, what="degrees in [0, 180]")
+_positive_float = _number(float, 0, strict=True, what="'auto' or a positive number")
 
 
 def _bandwidth(text):
-    if text == "auto":
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected 'auto' or a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive number, got {text!r}")
-    return value
+    return text if text == "auto" else _positive_float(text)
 
 
 class _Progress:

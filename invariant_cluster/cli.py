@@ -534,6 +534,13 @@ def _cmd_neighbors(args):
     return 0
 
 
+def _command(sub, name, func, help, description, epilog):
+    p = sub.add_parser(name, help=help, description=description, epilog=epilog,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=func)
+    return p
+
+
 def build_parser():
     """The argument parser of ``invariant-cluster`` (no heavy imports)."""
     p = _Parser(
@@ -552,10 +559,8 @@ def build_parser():
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True,
                            parser_class=_Parser)
 
-    d = sub.add_parser("demo", help="compare k-means, kernel and invariant attention on "
-                                    "rotated digits (offline)",
-                       description=_DEMO_DESCRIPTION, epilog=_DEMO_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = _command(sub, "demo", _cmd_demo, "compare k-means, kernel and invariant attention on "
+                 "rotated digits (offline)", _DEMO_DESCRIPTION, _DEMO_EPILOG)
     d.add_argument("--data", metavar="PATH",
                    help="folder holding the MNIST test split (t10k-*-ubyte[.gz]); default: "
                         "scikit-learn's bundled digits, no download")
@@ -578,28 +583,21 @@ def build_parser():
     d.add_argument("--verbose", "-v", action="count", default=0,
                    help="print the estimators' progress")
     d.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    d.set_defaults(func=_cmd_demo)
 
-    f = sub.add_parser("fit", help="cluster your own images (.npy/.npz, .mrcs, IDX, or a "
-                                   "folder of PNG/JPEG)",
-                       description=_FIT_DESCRIPTION, epilog=_FIT_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    f = _command(sub, "fit", _cmd_fit, "cluster your own images (.npy/.npz, .mrcs, IDX, or a "
+                 "folder of PNG/JPEG)", _FIT_DESCRIPTION, _FIT_EPILOG)
     _add_input_options(f, "invariant_cluster_out", labels=True)
     _add_estimator_options(f)
-    f.set_defaults(func=_cmd_fit)
 
-    ca = sub.add_parser("class-averages", help="each image's class average in its own pose, "
-                                               "written as an MRC stack (.mrcs)",
-                        description=_AVERAGES_DESCRIPTION, epilog=_AVERAGES_EPILOG,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ca = _command(sub, "class-averages", _cmd_class_averages, "each image's class average in "
+                  "its own pose, written as an MRC stack (.mrcs)", _AVERAGES_DESCRIPTION,
+                  _AVERAGES_EPILOG)
     _add_input_options(ca, "invariant_cluster_class_averages")
     _add_estimator_options(ca)
-    ca.set_defaults(func=_cmd_class_averages)
 
-    nb = sub.add_parser("neighbors", help="the invariant k-nearest-neighbour graph of your "
-                                          "images (graph.npz + alignments)",
-                        description=_NEIGHBORS_DESCRIPTION, epilog=_NEIGHBORS_EPILOG,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    nb = _command(sub, "neighbors", _cmd_neighbors, "the invariant k-nearest-neighbour graph "
+                  "of your images (graph.npz + alignments)", _NEIGHBORS_DESCRIPTION,
+                  _NEIGHBORS_EPILOG)
     _add_input_options(nb, "invariant_cluster_neighbors")
     nb.add_argument("--n-neighbors", type=_positive_int, default=5, metavar="K",
                     help="neighbours per image, besides itself (default: 5)")
@@ -611,7 +609,6 @@ def build_parser():
     g.add_argument("--n-candidates", type=_positive_int, metavar="C",
                    help="shortlist length per image")
     _add_running_options(nb, seeded=False)
-    nb.set_defaults(func=_cmd_neighbors)
     return p
 
 

@@ -222,7 +222,7 @@ class TestHelp:
         assert proc.returncode == 0
         assert "usage: invariant-cluster" in proc.stdout and "examples:" in proc.stdout
 
-    @pytest.mark.parametrize("command", ["fit", "demo"])
+    @pytest.mark.parametrize("command", ["fit", "demo", "neighbors", "class-averages"])
     def test_command_help(self, capsys, command):
         proc = call(capsys, command, "--help")
         assert proc.returncode == 0
