@@ -1,20 +1,26 @@
 """The command line ``invariant-cluster`` (also ``python -m invariant_cluster``).
 
-Two commands:
+Four commands:
 
 - ``demo``: cluster randomly rotated digits (offline, scikit-learn's bundled 8 x 8 digits, or
   the MNIST test split with ``--data``) with k-means, kernel attention and invariant attention;
   print ACC / ARI / NMI / seconds, write ``invariant_means.png`` and ``metrics.json``.
-- ``fit``: cluster your own images (``.npy``/``.npz``, IDX files or a folder of PNG/JPEG) and
-  write ``labels.csv``, ``alignments.csv``, ``centers.png`` (and ``metrics.json`` when labels are
-  given).
+- ``fit``: cluster your own images (``.npy``/``.npz``, MRC stacks ``.mrcs``/``.mrc``, IDX files
+  or a folder of PNG/JPEG) and write ``labels.csv``, ``alignments.csv``, ``centers.png`` (and
+  ``metrics.json`` when labels are given).
+- ``class-averages``: fit as ``fit`` does and write each image's class average in its own pose
+  (the invariant mean it converged to) as an MRC stack, ``class_averages.mrcs``.
 - ``neighbors``: the invariant k-nearest-neighbour graph of your images
   (:class:`~invariant_cluster.InvariantKNeighborsTransformer`): ``graph.npz``
   (``scipy.sparse.save_npz``), ``indices.npy``, ``distances.npy``, ``alignments.npy`` and
   ``neighbors.json``.
 
 Importing this module is cheap (no torch, no NumPy): ``--help`` answers at once and every heavy
-import happens inside the command that needs it.
+import happens inside the command that needs it. The readers of the input files live in
+:mod:`invariant_cluster.datasets`, the small helpers in ``_cli_support``.
+
+Each command checks that ``--out`` is writable before its long part, and removes its own files
+of an earlier run before writing, so that a folder always describes one run.
 
 Exit status: 0 on success, 2 for bad arguments or unreadable input (one line on stderr, no
 traceback), 1 when the computation itself fails (e.g. out of memory), 130 on Ctrl-C.
@@ -25,20 +31,31 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
-PROG = "invariant-cluster"
-
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
-
-
-class UsageError(Exception):
-    """Bad input found after parsing: reported as one line, exit status 2."""
+from ._cli_support import (
+    PROG,
+    UsageError,
+    _angle,
+    _bandwidth,
+    _check_finite,
+    _check_out,
+    _clear,
+    _environment,
+    _nonnegative_float,
+    _nonnegative_int,
+    _positive_int,
+    _print_table,
+    _Progress,
+    _save_figure,
+    _version,
+    _warnings_as_lines,
+    _write_csv,
+    _write_labels,
+    load_input,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,325 +63,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
-
-
-def _version():
-    from . import __version__
-
-    return __version__
-
-
-# ---------------------------------------------------------------------------------------------
-# argument types
-# ---------------------------------------------------------------------------------------------
-
-
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _nonnegative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _nonnegative_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
-
-
-def _angle(text):
-    value = _nonnegative_float(text)
-    if value > 180:
-        raise argparse.ArgumentTypeError(f"expected degrees in [0, 180], got {text!r}")
-    return value
-
-
-def _bandwidth(text):
-    if text == "auto":
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected 'auto' or a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive number, got {text!r}")
-    return value
-
-
-# ---------------------------------------------------------------------------------------------
-# progress
-# ---------------------------------------------------------------------------------------------
-
-
-class _Progress:
-    """A tqdm bar over a few named stages; the elapsed time ticks while a stage runs.
-
-    The estimator has no progress callback, so a stage (e.g. the whole fit) is one step; a
-    background thread refreshes the bar every half second so the elapsed time stays live.
-    Shown only on a terminal (tqdm's ``disable=None``) and never with ``--quiet``.
-    """
-
-    def __init__(self, stages, quiet):
-        from tqdm.auto import tqdm
-
-        self.bar = tqdm(total=len(stages), disable=True if quiet else None, unit="stage",
-                        file=sys.stderr, leave=False,
-                        bar_format="{desc} {bar} {n_fmt}/{total_fmt} [{elapsed}]")
-
-    @contextmanager
-    def stage(self, name):
-        self.bar.set_description_str(name)
-        stop = threading.Event()
-
-        def tick():
-            while not stop.wait(0.5):
-                self.bar.refresh()
-
-        thread = None
-        if not self.bar.disable:
-            thread = threading.Thread(target=tick, daemon=True)
-            thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            if thread is not None:
-                thread.join()
-        self.bar.update(1)
-
-    def close(self):
-        self.bar.close()
-
-
-@contextmanager
-def _warnings_as_lines(ignore=()):
-    """Collect warnings and print each as one line on stderr (no source line, no traceback)."""
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        for category in ignore:
-            warnings.filterwarnings("ignore", category=category)
-        yield
-    seen = set()
-    for w in caught:
-        text = " ".join(str(w.message).split())
-        if text not in seen:
-            seen.add(text)
-            print(f"{PROG}: warning: {text}", file=sys.stderr)
-
-
-# ---------------------------------------------------------------------------------------------
-# loading
-# ---------------------------------------------------------------------------------------------
-
-
-def _as_images(array, source, image_shape):
-    """Float32 images ``(n, C, H, W)`` from a numeric array, with clear errors."""
-    import numpy as np
-
-    a = np.asarray(array)
-    if a.dtype == bool:
-        a = a.astype(np.float32)
-    if not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a):
-        raise UsageError(f"{source}: expected a real numeric array, got dtype {a.dtype}")
-    if a.ndim not in (2, 3, 4):
-        raise UsageError(
-            f"{source}: expected an array of shape (n, n_features), (n, H, W) or (n, C, H, W), "
-            f"got shape {a.shape}"
-        )
-    if a.shape[0] < 2:
-        raise UsageError(f"{source}: expected at least 2 images, got {a.shape[0]}")
-    if a.dtype == np.uint8:
-        a = a.astype(np.float32) / 255.0
-    else:
-        a = a.astype(np.float32)
-    if not np.isfinite(a).all():
-        raise UsageError(f"{source}: contains NaN or infinity")
-    n = a.shape[0]
-    if image_shape is not None:
-        shape = tuple(image_shape)
-        if len(shape) == 2:
-            shape = (1, *shape)
-        size = math.prod(a.shape[1:])
-        if math.prod(shape) != size:
-            raise UsageError(
-                f"--image-shape: {' '.join(map(str, image_shape))} holds {math.prod(shape)} "
-                f"values but each sample of {source} has {size}"
-            )
-        return a.reshape(n, *shape)
-    if a.ndim == 2:
-        side = math.isqrt(a.shape[1])
-        if side * side != a.shape[1]:
-            raise UsageError(
-                f"{source}: rows of {a.shape[1]} values are not square images; give "
-                "--image-shape H W (or C H W)"
-            )
-        return a.reshape(n, 1, side, side)
-    return a.reshape(n, 1, *a.shape[1:]) if a.ndim == 3 else a
-
-
-def _load_npz(path):
-    import numpy as np
-
-    with np.load(path, allow_pickle=False) as z:
-        keys = list(z.keys())
-        xkey = next((k for k in ("X", "data", "x", "images") if k in z), None)
-        if xkey is None:
-            raise UsageError(
-                f"{path}: expected an array named 'X' or 'data' in the .npz file, found "
-                f"{', '.join(keys) or 'no arrays'}"
-            )
-        ykey = next((k for k in ("y", "target", "labels") if k in z), None)
-        return z[xkey], (z[ykey] if ykey else None)
-
-
-def _load_folder(path):
-    import numpy as np
-    from PIL import Image, UnidentifiedImageError
-
-    files = sorted(p for p in path.iterdir()
-                   if p.is_file() and p.suffix.lower() in _IMAGE_SUFFIXES)
-    if not files:
-        raise UsageError(f"{path}: no PNG or JPEG images (*.png, *.jpg, *.jpeg) in this folder")
-    images, first = [], None
-    for f in files:
-        try:
-            with Image.open(f) as im:
-                a = np.asarray(im.convert("L"), dtype=np.uint8)
-        except (UnidentifiedImageError, OSError) as exc:
-            raise UsageError(f"{f}: cannot read this image ({exc})") from None
-        if first is None:
-            first = (f, a.shape)
-        elif a.shape != first[1]:
-            raise UsageError(
-                f"{path}: all images must have the same size, but {first[0].name} is "
-                f"{first[1][1]}x{first[1][0]} and {f.name} is {a.shape[1]}x{a.shape[0]} "
-                "(width x height); resize them first"
-            )
-        images.append(a)
-    return np.stack(images), [f.name for f in files]
-
-
-def _kind(path):
-    suffix = path.suffix.lower()
-    return {".npy": "a NumPy .npy file", ".npz": "a NumPy .npz archive"}.get(
-        suffix, "an IDX file")
-
-
-def _load_labels(path):
-    import numpy as np
-
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"--labels {path}: no such file")
-    suffix = path.suffix.lower()
-    if suffix == ".npy":
-        y = np.load(path, allow_pickle=False)
-    elif suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            key = next((k for k in ("y", "target", "labels") if k in z), None)
-            if key is None:
-                raise UsageError(f"--labels {path}: expected an array named 'y' or 'target'")
-            y = z[key]
-    elif suffix in (".csv", ".txt"):
-        y = np.loadtxt(path, dtype=str, delimiter=",", ndmin=1)
-        if y.ndim != 1:
-            raise UsageError(f"--labels {path}: expected one label per line")
-    else:
-        from .datasets import load_idx
-
-        y = load_idx(path)
-    y = np.asarray(y)
-    if y.ndim != 1:
-        raise UsageError(f"--labels {path}: expected one label per sample, got shape {y.shape}")
-    return y
-
-
-def load_input(path, labels=None, image_shape=None):
-    """Read the ``fit`` command's input.
-
-    Parameters
-    ----------
-    path : str or Path
-        A ``.npy`` array, a ``.npz`` archive (images under ``X`` or ``data``, optional labels
-        under ``y`` or ``target``), an IDX file (``*-idx3-ubyte[.gz]``, any other name is read
-        as IDX too) or a folder of PNG/JPEG images of one size (read as grey levels, sorted by
-        file name).
-    labels : str or Path, optional
-        Labels: ``.npy``, ``.npz``, ``.csv``/``.txt`` (one per line) or IDX.
-    image_shape : tuple of int, optional
-        ``(H, W)`` or ``(C, H, W)`` to fold 2-D rows (default: square single-channel images).
-
-    Returns
-    -------
-    X : ndarray of shape (n, C, H, W), float32
-        uint8 input is scaled to [0, 1]; other types are converted as they are.
-    y : ndarray of shape (n,) or None
-    names : list of str or None
-        File names for a folder input.
-
-    Raises
-    ------
-    UsageError, ValueError, OSError
-        With a message that names the file and what is wrong.
-    """
-    import numpy as np
-
-    path = Path(path)
-    names, y = None, None
-    if not path.exists():
-        raise UsageError(f"{path}: no such file or folder")
-    if path.is_dir():
-        array, names = _load_folder(path)
-    else:
-        try:
-            if path.suffix.lower() == ".npy":
-                array = np.load(path, allow_pickle=False)
-            elif path.suffix.lower() == ".npz":
-                array, y = _load_npz(path)
-            else:
-                from .datasets import load_idx
-
-                array = load_idx(path)
-        except (ValueError, OSError, EOFError) as exc:
-            msg = " ".join(str(exc).split())
-            if str(path) not in msg:
-                msg = f"{path}: cannot read it as {_kind(path)} ({msg})"
-            raise UsageError(msg) from None
-    X = _as_images(array, path, image_shape)
-    if labels is not None:
-        try:
-            y = _load_labels(labels)
-        except (ValueError, OSError, EOFError) as exc:
-            msg = " ".join(str(exc).split())
-            raise UsageError(f"--labels {labels}: cannot read it ({msg})") from None
-    if y is not None:
-        y = np.asarray(y).ravel() if np.asarray(y).ndim > 1 else np.asarray(y)
-        if len(y) != len(X):
-            raise UsageError(
-                f"labels: expected one label per image ({len(X)}), got {len(y)}"
-            )
-    return X, y, names
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,9 +76,10 @@ Every image attends to its nearest neighbours under the invariant distance
 min over rotations/shifts of ||x - T y||^2 and moves to the weighted average of their ALIGNED
 versions; iterating collapses each cluster onto its invariant mean (its "center").
 
-Input: a .npy array, a .npz archive (images under X or data, labels under y or target), IDX
-files (the MNIST format, e.g. t10k-images-idx3-ubyte.gz, labels with --labels) or a folder of
-PNG/JPEG images of one size (read in grey levels, sorted by name). uint8 pixels are scaled to
+Input: a .npy array, a .npz archive (images under X or data, labels under y or target), an
+MRC stack (.mrcs, or .mrc holding a stack; pip install invariant_cluster[mrc]), IDX files (the
+MNIST format, e.g. t10k-images-idx3-ubyte.gz, labels with --labels) or a folder of PNG/JPEG
+images of one size (read in grey levels, sorted by name). uint8 pixels are scaled to
 [0, 1]. Arrays may be (n, H, W), (n, C, H, W), or (n, H*W) with square images (else give
 --image-shape).
 
@@ -401,20 +100,53 @@ help(InvariantAttentionClusterer) in Python). The cost grows with n^2 x n-rotati
 on a CPU, start with a few hundred images; a GPU (--device cuda) takes thousands."""
 
 
-def _add_estimator_options(p, *, with_rotation=True):
-    g = p.add_argument_group("clustering (InvariantAttentionClusterer's parameters)")
-    g.add_argument("--n-clusters", type=_positive_int, metavar="K",
-                   help="number of clusters; omit to let them emerge from the data")
+def _add_input_options(p, default_out, *, labels=False):
+    p.add_argument("input", metavar="INPUT",
+                   help="an .mrcs/.mrc stack, a .npy/.npz file, an IDX file, or a folder of "
+                        "PNG/JPEG images")
+    if labels:
+        p.add_argument("--labels", metavar="PATH",
+                       help="true labels to score against (.npy, .npz, .csv/.txt or IDX)")
+    p.add_argument("--image-shape", type=_positive_int, nargs="+", metavar="N",
+                   help="H W (or C H W) to fold rows that are not square images")
+    p.add_argument("--n-samples", type=_positive_int, metavar="N",
+                   help="use only the first N images")
+    p.add_argument("--out", default=default_out, metavar="DIR",
+                   help=f"output folder (default: ./{default_out})")
+
+
+def _add_search_options(g):
     g.add_argument("--group", choices=["se2", "rotation", "translation", "none"],
                    help="transformations searched: se2 (rotations and shifts), rotation, "
-                        "translation, or none (plain kernel attention, the baseline)")
-    if with_rotation:
-        g.add_argument("--max-rotation", type=_angle, metavar="DEG",
-                       help="search rotations within +-DEG degrees (0..180)")
+                        "translation, or none (no alignment, the baseline)")
+    g.add_argument("--max-rotation", type=_angle, metavar="DEG",
+                   help="search rotations within +-DEG degrees (0..180)")
     g.add_argument("--n-rotations", type=_positive_int, metavar="R",
                    help="angles in the rotation grid (refined continuously afterwards)")
     g.add_argument("--max-translation", type=_nonnegative_float, metavar="PX",
                    help="search shifts within +-PX pixels")
+    g.add_argument("--no-refine", dest="refine", action="store_false", default=None,
+                   help="keep the grid's alignments (skip the continuous refinement)")
+
+
+def _add_running_options(p, *, seeded=True):
+    r = p.add_argument_group("running")
+    r.add_argument("--device", metavar="DEV",
+                   help="auto (a GPU when there is one), cpu, cuda or cuda:N")
+    r.add_argument("--batch-size", type=_positive_int, metavar="B",
+                   help="block size of the alignment search (lower it if memory runs out)")
+    if seeded:
+        r.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+        r.add_argument("--verbose", "-v", action="count", default=0,
+                       help="print the estimator's progress (per iteration)")
+    r.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+
+def _add_estimator_options(p):
+    g = p.add_argument_group("clustering (InvariantAttentionClusterer's parameters)")
+    g.add_argument("--n-clusters", type=_positive_int, metavar="K",
+                   help="number of clusters; omit to let them emerge from the data")
+    _add_search_options(g)
     g.add_argument("--n-neighbors", type=_positive_int, metavar="N",
                    help="each image attends to its N nearest neighbours")
     g.add_argument("--bandwidth", type=_bandwidth, metavar="auto|SIGMA",
@@ -426,18 +158,7 @@ def _add_estimator_options(p, *, with_rotation=True):
     g.add_argument("--max-iter", type=_nonnegative_int, metavar="N",
                    help="most attention iterations")
     g.add_argument("--tol", type=_nonnegative_float, help="stop when the means move less")
-    g.add_argument("--no-refine", dest="refine", action="store_false", default=None,
-                   help="keep the grid's alignments (skip the continuous refinement)")
-    r = p.add_argument_group("running")
-    r.add_argument("--device", metavar="DEV",
-                   help="auto (a GPU when there is one), cpu, cuda or cuda:N")
-    r.add_argument("--batch-size", type=_positive_int, metavar="B",
-                   help="queries per block of the alignment search (lower it if memory runs "
-                        "out)")
-    r.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    r.add_argument("--verbose", "-v", action="count", default=0,
-                   help="print the estimator's progress (per iteration)")
-    r.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    _add_running_options(p)
 
 
 def _estimator_params(args, **fixed):
@@ -452,55 +173,52 @@ def _estimator_params(args, **fixed):
     return params
 
 
-def _write_csv(path, header, rows):
-    import csv
-
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
+_FIT_FILES = ("labels.csv", "alignments.csv", "centers.npy", "centers.png", "metrics.json")
 
 
-def _environment():
-    import platform
+def _load(args, labels=None):
+    X, y, names = load_input(args.input, labels, args.image_shape)
+    if args.n_samples is not None:
+        X = X[: args.n_samples]
+        y = None if y is None else y[: args.n_samples]
+        names = None if names is None else names[: args.n_samples]
+    return X, y, names
 
-    import torch
 
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "invariant_cluster": _version(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
+def _fit(args, progress, X):
+    """InvariantAttentionClusterer fitted with the options given; ``(est, seconds)``."""
+    from .cluster import InvariantAttentionClusterer
+
+    with progress.stage(f"fitting {len(X)} images"):
+        est = InvariantAttentionClusterer(**_estimator_params(args))
+        t0 = time.perf_counter()
+        with _warnings_as_lines():
+            est.fit(X)
+        seconds = time.perf_counter() - t0
+    _check_finite(invariant_means_=est.invariant_means_,
+                  cluster_centers_=est.cluster_centers_)
+    return est, seconds
+
+
+def _report_clusters(est, X, seconds):
+    sizes = [int((est.labels_ == c).sum()) for c in range(est.n_clusters_)]
+    print(f"{len(X)} images -> {est.n_clusters_} clusters (sizes {sizes}) in {seconds:.1f} s, "
+          f"{est.n_iter_} iterations")
 
 
 def _cmd_fit(args):
     progress = _Progress(["load", "fit", "write"], args.quiet)
     try:
         with progress.stage("loading"):
-            X, y, names = load_input(args.input, args.labels, args.image_shape)
-            if args.n_samples is not None:
-                X = X[: args.n_samples]
-                y = None if y is None else y[: args.n_samples]
-                names = None if names is None else names[: args.n_samples]
-        out = Path(args.out)
-        with progress.stage(f"fitting {len(X)} images"):
-            from .cluster import InvariantAttentionClusterer
-
-            est = InvariantAttentionClusterer(**_estimator_params(args))
-            t0 = time.perf_counter()
-            with _warnings_as_lines():
-                est.fit(X)
-            seconds = time.perf_counter() - t0
+            X, y, names = _load(args, args.labels)
+        out = _check_out(args.out)
+        est, seconds = _fit(args, progress, X)
         with progress.stage("writing"):
+            _clear(out, _FIT_FILES)
             _write_fit_outputs(out, est, X, y, names, seconds, args)
     finally:
         progress.close()
-    sizes = [int((est.labels_ == c).sum()) for c in range(est.n_clusters_)]
-    print(f"{len(X)} images -> {est.n_clusters_} clusters (sizes {sizes}) in {seconds:.1f} s, "
-          f"{est.n_iter_} iterations")
+    _report_clusters(est, X, seconds)
     if y is not None:
         from .metrics import clustering_scores
 
@@ -510,19 +228,73 @@ def _cmd_fit(args):
     return 0
 
 
+_AVERAGES_DESCRIPTION = """\
+Denoise a stack of images (e.g. cryo-EM particles): cluster them with invariant attention, as fit
+does, and write each image's class average in its own pose: the invariant mean the image
+converged to, a weighted average of its neighbours each aligned onto it (the estimator's
+invariant_means_).
+
+Input: as for fit, single-channel images: an MRC stack (.mrcs, or .mrc holding a stack; needs
+pip install invariant_cluster[mrc]), .npy/.npz, IDX or a folder of PNG/JPEG.
+
+Output (in --out):
+  class_averages.mrcs  (n, H, W) float32, image i's class average in image i's pose (with the
+                       input's voxel size when it is an MRC file)
+  labels.csv           the cluster of each image
+  class_averages.json  parameters, seconds, environment"""
+
+_AVERAGES_EPILOG = """\
+examples:
+  invariant-cluster class-averages particles.mrcs --max-translation 2 --out averages
+  invariant-cluster class-averages particles.mrcs --n-samples 2000 --device cuda
+
+Options left out keep the defaults of invariant_cluster.InvariantAttentionClusterer."""
+
+_AVERAGES_FILES = ("class_averages.mrcs", "labels.csv", "class_averages.json")
+
+
+def _cmd_class_averages(args):
+    from .datasets._files import MRC_SUFFIXES
+    from .datasets._mrc import _mrcfile, _voxel_size, _write_mrcs
+
+    progress = _Progress(["load", "fit", "write"], args.quiet)
+    try:
+        with progress.stage("loading"):
+            _mrcfile()  # without mrcfile, say so before the fit
+            X, _, names = _load(args)
+            if X.shape[1] != 1:
+                raise UsageError(f"{args.input}: expected single-channel images for an MRC "
+                                 f"stack, got {X.shape[1]} channels")
+            path = Path(args.input)
+            voxel = _voxel_size(path) if path.suffix.lower() in MRC_SUFFIXES else None
+        out = _check_out(args.out)
+        est, seconds = _fit(args, progress, X)
+        with progress.stage("writing"):
+            _clear(out, _AVERAGES_FILES)
+            averages = est.invariant_means_.reshape(len(X), *X.shape[2:])
+            _write_mrcs(out / "class_averages.mrcs", averages, voxel)
+            _write_labels(out, est.labels_, None, names)
+            info = {"input": str(args.input), "n_images": len(X),
+                    "image_shape": list(X.shape[2:]), "voxel_size": voxel,
+                    "n_clusters": int(est.n_clusters_), "n_iter": int(est.n_iter_),
+                    "params": est.get_params(deep=False) | {"device": str(est.device)},
+                    "seconds": seconds, "environment": _environment()}
+            (out / "class_averages.json").write_text(
+                json.dumps(info, indent=2, default=str) + "\n")
+    finally:
+        progress.close()
+    _report_clusters(est, X, seconds)
+    print(f"wrote {out / 'class_averages.mrcs'} ({len(X)} class averages)")
+    return 0
+
+
 def _write_fit_outputs(out, est, X, y, names, seconds, args):
     import numpy as np
 
     from .plotting import plot_invariant_means
 
-    out.mkdir(parents=True, exist_ok=True)
-    ids = names if names is not None else list(range(len(X)))
-    id_col = "file" if names is not None else "index"
+    ids, id_col = _write_labels(out, est.labels_, y, names)
     labels = est.labels_
-    header = [id_col, "label"] + (["true_label"] if y is not None else [])
-    rows = [[ids[i], int(labels[i])] + ([y[i].item()] if y is not None else [])
-            for i in range(len(X))]
-    _write_csv(out / "labels.csv", header, rows)
     a = est.alignments_
     _write_csv(out / "alignments.csv", [id_col, "label", "angle_deg", "tx_px", "ty_px"],
                [[ids[i], int(labels[i]), f"{a[i, 0]:.4f}", f"{a[i, 1]:.4f}", f"{a[i, 2]:.4f}"]
@@ -546,14 +318,6 @@ def _write_fit_outputs(out, est, X, y, names, seconds, args):
             "environment": _environment(),
         }
         (out / "metrics.json").write_text(json.dumps(report, indent=2) + "\n")
-
-
-def _save_figure(ax, path):
-    import matplotlib.pyplot as plt
-
-    fig = ax.figure
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -616,25 +380,12 @@ def _demo_data(args):
     return Xr.astype(np.float32), y, name
 
 
-def _print_table(rows):
-    cols = ["method", "ACC", "ARI", "NMI", "seconds"]
-    cells = [[r["method"], f"{r['ACC']:.3f}", f"{r['ARI']:.3f}", f"{r['NMI']:.3f}",
-              f"{r['seconds']:.1f}"] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    line = "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                     for i, (c, w) in enumerate(zip(cols, widths)))
-    print(line)
-    print("  ".join("-" * w for w in widths))
-    for row in cells:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                        for i, (c, w) in enumerate(zip(row, widths))))
-
-
 def _cmd_demo(args):
     progress = _Progress(["data", "k-means", "kernel", "invariant", "write"], args.quiet)
     search = min(180.0, args.max_rotation + 15.0)
     n_rot = args.n_rotations or 2 * math.ceil(search / 5.0) + 1
     rows = []
+    out = _check_out(args.out)
     try:
         with progress.stage("loading the data"):
             X, y, name = _demo_data(args)
@@ -676,8 +427,7 @@ def _cmd_demo(args):
 
             from .plotting import plot_invariant_means
 
-            out = Path(args.out)
-            out.mkdir(parents=True, exist_ok=True)
+            _clear(out, ("invariant_means.png", "metrics.json"))
             # "c3: mostly 7" — the cluster's index and its most common true digit, so that the
             # caption is not read as the digit itself
             majority = [int(np.bincount(y[invariant.labels_ == c], minlength=1).argmax())
@@ -734,6 +484,10 @@ examples:
 """
 
 
+_NEIGHBORS_FILES = ("graph.npz", "indices.npy", "distances.npy", "alignments.npy",
+                    "neighbors.json")
+
+
 def _cmd_neighbors(args):
     import numpy as np
     from scipy import sparse
@@ -741,12 +495,11 @@ def _cmd_neighbors(args):
     progress = _Progress(["load", "search", "write"], args.quiet)
     try:
         with progress.stage("loading"):
-            X, _, _ = load_input(args.input, None, args.image_shape)
-            if args.n_samples is not None:
-                X = X[: args.n_samples]
+            X, _, _ = _load(args)
         if args.n_neighbors >= len(X):
             raise UsageError(f"--n-neighbors: expected fewer than the {len(X)} images, got "
                              f"{args.n_neighbors}")
+        out = _check_out(args.out)
         names = ["group", "max_rotation", "n_rotations", "max_translation", "refine",
                  "neighbor_search", "n_candidates", "device", "batch_size"]
         params = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
@@ -760,9 +513,9 @@ def _cmd_neighbors(args):
                 dist, ind, tau = est.kneighbors(X, n_neighbors=args.n_neighbors + 1,
                                                 return_alignments=True)
             seconds = time.perf_counter() - t0
+        _check_finite(distances=dist, alignments=tau)
         with progress.stage("writing"):
-            out = Path(args.out)
-            out.mkdir(parents=True, exist_ok=True)
+            _clear(out, _NEIGHBORS_FILES)
             sparse.save_npz(out / "graph.npz", _csr(dist, ind, len(X)))
             np.save(out / "indices.npy", ind)
             np.save(out / "distances.npy", dist)
@@ -781,6 +534,13 @@ def _cmd_neighbors(args):
     return 0
 
 
+def _command(sub, name, func, help, description, epilog):
+    p = sub.add_parser(name, help=help, description=description, epilog=epilog,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=func)
+    return p
+
+
 def build_parser():
     """The argument parser of ``invariant-cluster`` (no heavy imports)."""
     p = _Parser(
@@ -791,17 +551,16 @@ def build_parser():
                "  invariant-cluster demo                 # offline demo, about a minute\n"
                "  invariant-cluster fit images.npy --n-clusters 10 --max-rotation 60\n"
                "  invariant-cluster fit --help           # every option of fit\n"
-               "  invariant-cluster neighbors images.npy --n-neighbors 15 --out knn\n",
+               "  invariant-cluster neighbors images.npy --n-neighbors 15 --out knn\n"
+               "  invariant-cluster class-averages particles.mrcs --out averages\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True,
                            parser_class=_Parser)
 
-    d = sub.add_parser("demo", help="compare k-means, kernel and invariant attention on "
-                                    "rotated digits (offline)",
-                       description=_DEMO_DESCRIPTION, epilog=_DEMO_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = _command(sub, "demo", _cmd_demo, "compare k-means, kernel and invariant attention on "
+                 "rotated digits (offline)", _DEMO_DESCRIPTION, _DEMO_EPILOG)
     d.add_argument("--data", metavar="PATH",
                    help="folder holding the MNIST test split (t10k-*-ubyte[.gz]); default: "
                         "scikit-learn's bundled digits, no download")
@@ -824,62 +583,32 @@ def build_parser():
     d.add_argument("--verbose", "-v", action="count", default=0,
                    help="print the estimators' progress")
     d.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    d.set_defaults(func=_cmd_demo)
 
-    f = sub.add_parser("fit", help="cluster your own images (.npy/.npz, IDX, or a folder of "
-                                   "PNG/JPEG)",
-                       description=_FIT_DESCRIPTION, epilog=_FIT_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    f.add_argument("input", metavar="INPUT",
-                   help="a .npy/.npz file, an IDX file, or a folder of PNG/JPEG images")
-    f.add_argument("--labels", metavar="PATH",
-                   help="true labels to score against (.npy, .npz, .csv/.txt or IDX)")
-    f.add_argument("--image-shape", type=_positive_int, nargs="+", metavar="N",
-                   help="H W (or C H W) to fold rows that are not square images")
-    f.add_argument("--n-samples", type=_positive_int, metavar="N",
-                   help="use only the first N images")
-    f.add_argument("--out", default="invariant_cluster_out", metavar="DIR",
-                   help="output folder (default: ./invariant_cluster_out)")
+    f = _command(sub, "fit", _cmd_fit, "cluster your own images (.npy/.npz, .mrcs, IDX, or a "
+                 "folder of PNG/JPEG)", _FIT_DESCRIPTION, _FIT_EPILOG)
+    _add_input_options(f, "invariant_cluster_out", labels=True)
     _add_estimator_options(f)
-    f.set_defaults(func=_cmd_fit)
 
-    nb = sub.add_parser("neighbors", help="the invariant k-nearest-neighbour graph of your "
-                                          "images (graph.npz + alignments)",
-                        description=_NEIGHBORS_DESCRIPTION, epilog=_NEIGHBORS_EPILOG,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    nb.add_argument("input", metavar="IMAGES",
-                    help="a .npy/.npz file, an IDX file, or a folder of PNG/JPEG images")
+    ca = _command(sub, "class-averages", _cmd_class_averages, "each image's class average in "
+                  "its own pose, written as an MRC stack (.mrcs)", _AVERAGES_DESCRIPTION,
+                  _AVERAGES_EPILOG)
+    _add_input_options(ca, "invariant_cluster_class_averages")
+    _add_estimator_options(ca)
+
+    nb = _command(sub, "neighbors", _cmd_neighbors, "the invariant k-nearest-neighbour graph "
+                  "of your images (graph.npz + alignments)", _NEIGHBORS_DESCRIPTION,
+                  _NEIGHBORS_EPILOG)
+    _add_input_options(nb, "invariant_cluster_neighbors")
     nb.add_argument("--n-neighbors", type=_positive_int, default=5, metavar="K",
                     help="neighbours per image, besides itself (default: 5)")
-    nb.add_argument("--out", default="invariant_cluster_neighbors", metavar="DIR",
-                    help="output folder (default: ./invariant_cluster_neighbors)")
-    nb.add_argument("--image-shape", type=_positive_int, nargs="+", metavar="N",
-                    help="H W (or C H W) to fold rows that are not square images")
-    nb.add_argument("--n-samples", type=_positive_int, metavar="N",
-                    help="use only the first N images")
     g = nb.add_argument_group("search (InvariantKNeighborsTransformer's parameters)")
-    g.add_argument("--group", choices=["se2", "rotation", "translation", "none"],
-                   help="transformations searched (default: se2)")
-    g.add_argument("--max-rotation", type=_angle, metavar="DEG",
-                   help="search rotations within +-DEG degrees (default: 180)")
-    g.add_argument("--n-rotations", type=_positive_int, metavar="R",
-                   help="angles in the rotation grid (default: 36)")
-    g.add_argument("--max-translation", type=_nonnegative_float, metavar="PX",
-                   help="search shifts within +-PX pixels (default: 0)")
-    g.add_argument("--no-refine", dest="refine", action="store_false", default=None,
-                   help="keep the grid's alignments (skip the continuous refinement)")
+    _add_search_options(g)
     g.add_argument("--neighbor-search", choices=["auto", "exact", "shortlist"],
                    help="exact, descriptor shortlist, or auto (default: exact up to 4000 "
                         "images with 36 angles)")
     g.add_argument("--n-candidates", type=_positive_int, metavar="C",
                    help="shortlist length per image")
-    r = nb.add_argument_group("running")
-    r.add_argument("--device", metavar="DEV",
-                   help="auto (a GPU when there is one), cpu, cuda or cuda:N")
-    r.add_argument("--batch-size", type=_positive_int, metavar="B",
-                   help="block size of the search (lower it if memory runs out)")
-    r.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    nb.set_defaults(func=_cmd_neighbors)
+    _add_running_options(nb, seeded=False)
     return p
 
 
@@ -902,7 +631,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         print(f"{cmd}: interrupted", file=sys.stderr)
         return 130
-    except (UsageError, ValueError, TypeError, OSError, KeyError) as exc:
+    except (UsageError, ValueError, TypeError, OSError, KeyError, ImportError) as exc:
         print(f"{cmd}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except (RuntimeError, MemoryError) as exc:

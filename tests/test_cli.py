@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from _cli import assert_usage_error, call
 
 from invariant_cluster import warp_se2
 
@@ -18,29 +19,6 @@ def run(*args, cwd=None, timeout=120):
     env = dict(os.environ, MPLBACKEND="Agg")
     return subprocess.run([sys.executable, "-m", "invariant_cluster", *map(str, args)],
                           capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
-
-
-def assert_usage_error(proc, *fragments):
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert lines[0].startswith("invariant-cluster")
-    for f in fragments:
-        assert f in lines[0], lines[0]
-
-
-def call(capsys, *args):
-    """``main(args)`` in this process (no interpreter start-up): ``(status, stdout, stderr)``."""
-    from invariant_cluster.cli import main
-
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:  # argparse's errors and --help
-        code = exc.code
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(args, code, out, err)
 
 
 def _shapes():
@@ -244,7 +222,7 @@ class TestHelp:
         assert proc.returncode == 0
         assert "usage: invariant-cluster" in proc.stdout and "examples:" in proc.stdout
 
-    @pytest.mark.parametrize("command", ["fit", "demo"])
+    @pytest.mark.parametrize("command", ["fit", "demo", "neighbors", "class-averages"])
     def test_command_help(self, capsys, command):
         proc = call(capsys, command, "--help")
         assert proc.returncode == 0

@@ -78,7 +78,7 @@ def isolated(tmp_path, monkeypatch):
                 "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(datasets, "_SYSTEM_DATA_DIR", tmp_path / "usr-share-datasets")
+    monkeypatch.setattr(datasets._mnist, "_SYSTEM_DATA_DIR", tmp_path / "usr-share-datasets")
 
 
 @pytest.fixture

@@ -1,66 +1,24 @@
-"""Datasets: the IDX reader, MNIST / Fashion-MNIST loaders and fetchers, an offline default
-(scikit-learn's digits) and makers of randomly rotated and translated images.
-
-Where the data is looked for
-----------------------------
-:func:`load_mnist` and :func:`load_fashion_mnist` never touch the network. They look for the four
-standard files ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
-``t10k-images-idx3-ubyte`` and ``t10k-labels-idx1-ubyte`` (each with or without ``.gz``) in, in
-this order:
-
-1. ``data_home`` (the argument),
-2. every directory in the environment variable ``INVARIANT_CLUSTER_DATA`` (``os.pathsep``
-   separated),
-3. ``~/invariant_cluster_data``,
-4. Debian's ``/usr/share/datasets/<name>`` (``apt-get install dataset-fashion-mnist`` puts
-   Fashion-MNIST in ``/usr/share/datasets/fashion-mnist``).
-
-In each of the first three the files may sit in the subfolder ``mnist/`` (resp.
-``fashion-mnist/``), which is tried first, or directly in the directory itself, so that both
-``data_home="/data"`` and ``data_home="/data/mnist"`` work. A directory named after the *other*
-dataset is not searched directly, so Fashion-MNIST is never read from a folder ``mnist/``.
-
-:func:`fetch_mnist` and :func:`fetch_fashion_mnist` download the missing files first (into
-``data_home``, else the first directory of ``INVARIANT_CLUSTER_DATA``, else
-``~/invariant_cluster_data``; in the dataset's subfolder) and verify their MD5 checksums against
-:data:`CHECKSUMS`.
-"""
+"""MNIST and Fashion-MNIST: local loaders, downloads with checksums (see the package docstring
+for where the files are looked for)."""
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import logging
 import math
 import numbers
 import os
-import struct
 import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-import zlib
 from http.client import HTTPException
 from pathlib import Path
 
 import numpy as np
-import torch
 from sklearn.utils import Bunch
 
-from ._utils import check_images, torch_generator
-
-__all__ = [
-    "CHECKSUMS",
-    "MIRRORS",
-    "load_idx",
-    "load_mnist",
-    "load_fashion_mnist",
-    "fetch_mnist",
-    "fetch_fashion_mnist",
-    "load_digits_images",
-    "make_transformed",
-    "make_transformed_copies",
-]
+from ._idx import _as_path, load_idx
 
 logger = logging.getLogger(__name__)
 
@@ -165,123 +123,6 @@ _DATASETS = {
         "apt": "dataset-fashion-mnist",
     },
 }
-
-# IDX element types: the third byte of the magic number.
-_IDX_DTYPES = {
-    0x08: np.dtype(np.uint8),
-    0x09: np.dtype(np.int8),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
-# ----------------------------------------------------------------------------------------------
-# IDX
-# ----------------------------------------------------------------------------------------------
-
-
-def _as_path(path, name: str) -> Path:
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{name}: expected a str or os.PathLike, got {type(path).__name__}")
-    return Path(path).expanduser()
-
-
-def load_idx(path) -> np.ndarray:
-    """Read an IDX file (the format of MNIST), gzip-compressed or not.
-
-    Compression is detected from the gzip magic bytes, not from the file name.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        The file.
-
-    Returns
-    -------
-    array : ndarray
-        The array with the shape given by the header and the header's element type
-        (uint8, int8, int16, int32, float32 or float64), converted from the file's big-endian
-        layout to the native byte order. A writable copy.
-
-    Raises
-    ------
-    FileNotFoundError
-        If ``path`` does not exist.
-    ValueError
-        If the file is a broken gzip stream, is truncated, has a wrong magic number, an
-        unsupported type code, or holds more or fewer bytes than its header announces. The
-        message names the file and what is wrong.
-
-    Notes
-    -----
-    An IDX file is a big-endian header -- two zero bytes, one byte for the element type
-    (0x08 uint8, 0x09 int8, 0x0B int16, 0x0C int32, 0x0D float32, 0x0E float64), one byte for
-    the number of dimensions, then one uint32 per dimension -- followed by the raw data in
-    C order.
-
-    Examples
-    --------
-    >>> import os, struct, tempfile
-    >>> import numpy as np
-    >>> from invariant_cluster.datasets import load_idx
-    >>> header = bytes([0, 0, 0x08, 2]) + struct.pack(">II", 2, 3)
-    >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     path = os.path.join(tmp, "tiny-idx2-ubyte")
-    ...     with open(path, "wb") as f:
-    ...         _ = f.write(header + bytes(range(6)))
-    ...     load_idx(path)
-    array([[0, 1, 2],
-           [3, 4, 5]], dtype=uint8)
-    """
-    path = _as_path(path, "path")
-    raw = path.read_bytes()
-    if raw[:2] == _GZIP_MAGIC:
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise ValueError(
-                f"{path}: broken gzip stream, the file is truncated or corrupt ({exc})"
-            ) from exc
-    if len(raw) < 4:
-        raise ValueError(
-            f"{path}: truncated IDX file, expected a header of at least 4 bytes, "
-            f"got {len(raw)} byte(s)"
-        )
-    if raw[0] != 0 or raw[1] != 0:
-        raise ValueError(
-            f"{path}: wrong magic number 0x{raw[:4].hex()}, an IDX file starts with two zero "
-            "bytes, the type code and the number of dimensions (e.g. 0x00000803)"
-        )
-    code, ndim = raw[2], raw[3]
-    if code not in _IDX_DTYPES:
-        known = ", ".join(f"0x{c:02x} ({d.name})" for c, d in _IDX_DTYPES.items())
-        raise ValueError(f"{path}: unsupported IDX type code 0x{code:02x}, expected one of {known}")
-    dtype = _IDX_DTYPES[code]
-    header = 4 + 4 * ndim
-    if len(raw) < header:
-        raise ValueError(
-            f"{path}: truncated IDX header, {ndim} dimension(s) need a {header}-byte header, "
-            f"the file holds {len(raw)} byte(s)"
-        )
-    shape = struct.unpack(f">{ndim}I", raw[4:header])
-    count = math.prod(shape)
-    expected = count * dtype.itemsize
-    actual = len(raw) - header
-    if actual < expected:
-        raise ValueError(
-            f"{path}: truncated IDX data, the header announces shape {shape} of {dtype.name} "
-            f"({expected} bytes) but only {actual} bytes follow"
-        )
-    if actual > expected:
-        raise ValueError(
-            f"{path}: size does not match the header, shape {shape} of {dtype.name} needs "
-            f"{expected} bytes but {actual} bytes follow ({actual - expected} too many)"
-        )
-    array = np.frombuffer(raw, dtype=dtype, count=count, offset=header).reshape(shape)
-    return array.astype(dtype.newbyteorder("="))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -546,7 +387,7 @@ def _expected_md5(dataset: str, filename: str) -> tuple[str, ...]:
 
 def _download(dataset: str, filename: str, directory: Path, mirrors, timeout) -> Path:
     """Download ``filename`` into ``directory`` from the first mirror that serves it."""
-    from . import __version__
+    from .. import __version__
 
     expected = _expected_md5(dataset, filename)
     target = directory / filename
@@ -685,202 +526,3 @@ def fetch_fashion_mnist(data_home=None, *, split="test", download=True, mirror=N
     return fetch_mnist(data_home, dataset="fashion-mnist", split=split, download=download,
                        mirror=mirror, timeout=timeout, return_X_y=return_X_y)
 
-
-# ----------------------------------------------------------------------------------------------
-# Offline default
-# ----------------------------------------------------------------------------------------------
-
-
-def load_digits_images(return_X_y=False):
-    """scikit-learn's bundled handwritten digits as images in [0, 1] (works offline).
-
-    1797 images of 8 x 8 pixels from the UCI "Optical Recognition of Handwritten Digits"
-    data set, as :func:`sklearn.datasets.load_digits` ships them, with the grey levels 0..16
-    scaled to [0, 1].
-
-    Parameters
-    ----------
-    return_X_y : bool, default=False
-        Return ``(data, target)`` instead of a Bunch.
-
-    Returns
-    -------
-    bunch : :class:`sklearn.utils.Bunch`
-        With ``data`` of shape (1797, 64) float32 in [0, 1]; ``images`` of shape
-        (1797, 8, 8), a view of ``data``; ``target`` of shape (1797,) int64;
-        ``target_names``; ``feature_names``; ``DESCR``.
-    (data, target) : tuple
-        If ``return_X_y`` is True.
-
-    Examples
-    --------
-    >>> from invariant_cluster.datasets import load_digits_images
-    >>> digits = load_digits_images()
-    >>> digits.images.shape, digits.data.shape, digits.images.dtype
-    ((1797, 8, 8), (1797, 64), dtype('float32'))
-    >>> float(digits.data.min()), float(digits.data.max())
-    (0.0, 1.0)
-    """
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    data = (digits.data / 16.0).astype(np.float32)
-    target = digits.target.astype(np.int64)
-    if return_X_y:
-        return data, target
-    return Bunch(
-        data=data,
-        images=data.reshape(-1, 8, 8),
-        target=target,
-        target_names=np.asarray(digits.target_names),
-        feature_names=list(digits.feature_names),
-        DESCR=digits.DESCR
-        + "\n\ninvariant_cluster: pixel values are scaled from 0..16 to [0, 1] (float32).\n",
-    )
-
-
-# ----------------------------------------------------------------------------------------------
-# Transformed data
-# ----------------------------------------------------------------------------------------------
-
-
-def _check_range(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}: expected a real number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
-    return value
-
-
-def make_transformed(X, max_rotation=45.0, max_translation=0, image_shape=None,
-                     random_state=None):
-    """Apply a random rotation and translation (an SE(2) element) to each image.
-
-    Image ``i`` is warped by :func:`~invariant_cluster.transforms.warp_se2` with
-    ``params[i] = (angle, tx, ty)``: ``angle`` uniform in ``[-max_rotation, max_rotation]``
-    degrees (counter-clockwise as displayed), ``tx`` and ``ty`` uniform in
-    ``[-max_translation, max_translation]`` pixels (real numbers, bilinear interpolation, zero
-    padding). See :mod:`invariant_cluster.transforms` for the convention.
-
-    Parameters
-    ----------
-    X : array-like or torch.Tensor of shape (n, n_features), (n, H, W) or (n, C, H, W)
-        The images. A 2-D input is folded with ``image_shape``.
-    max_rotation : float, default=45.0
-        Largest absolute angle, in degrees (180 for all orientations).
-    max_translation : float, default=0
-        Largest absolute shift along each axis, in pixels.
-    image_shape : tuple (H, W) or (C, H, W), default=None
-        How to fold a 2-D ``X``; None means square single-channel images (a non-square row
-        is a 1 x n_features image).
-    random_state : int, RandomState instance or None, default=None
-        Seeds the draw. The angles depend only on ``random_state`` and ``max_rotation``, not
-        on ``max_translation``.
-
-    Returns
-    -------
-    X_transformed : ndarray or torch.Tensor
-        Same shape as ``X``; NumPy in, NumPy out, torch in, torch out on the same device.
-        Floating dtypes are kept; integer and boolean inputs give float32 (interpolated
-        values are not integers). With ``max_rotation=0`` and ``max_translation=0`` it is a
-        copy of ``X``.
-    params : ndarray of shape (n, 3), float64
-        The ``(angle, tx, ty)`` used: ``warp_se2(X_images, params)`` reproduces
-        ``X_transformed`` (with ``X_images`` the images folded to (n, H, W) or (n, C, H, W)).
-
-    Raises
-    ------
-    TypeError
-        If ``X`` is not numeric or a range is not a real number.
-    ValueError
-        If ``X`` has the wrong number of dimensions, is empty or not finite, ``image_shape``
-        does not fit, or a range is negative or infinite.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from invariant_cluster.datasets import load_digits_images, make_transformed
-    >>> X = load_digits_images().images[:5]
-    >>> X_rot, params = make_transformed(X, max_rotation=90, max_translation=1, random_state=0)
-    >>> X_rot.shape, X_rot.dtype, params.shape
-    ((5, 8, 8), dtype('float32'), (5, 3))
-    >>> bool(np.all(np.abs(params[:, 0]) <= 90) and np.all(np.abs(params[:, 1:]) <= 1))
-    True
-    """
-    from .transforms import warp_se2
-
-    max_rotation = _check_range(max_rotation, "max_rotation")
-    max_translation = _check_range(max_translation, "max_translation")
-    is_torch = isinstance(X, torch.Tensor)
-    if not is_torch:
-        X = np.asarray(X)
-    in_shape, in_dtype = tuple(X.shape), X.dtype
-    flat, (c, h, w) = check_images(X, image_shape=image_shape)
-    n = flat.shape[0]
-
-    gen = torch_generator(random_state)
-    u = torch.rand((n, 3), generator=gen, dtype=torch.float64).numpy()
-    scale = np.array([max_rotation, max_translation, max_translation])
-    params = (2.0 * u - 1.0) * scale + 0.0  # "+ 0.0" turns -0.0 into 0.0
-
-    if max_rotation == 0 and max_translation == 0:
-        # warp_se2 by the identity is exact only up to round-off
-        out = flat.clone() if is_torch else flat.copy()
-    else:
-        out = warp_se2(flat.reshape(n, c, h, w), params)
-    out = out.reshape(in_shape)
-    if is_torch:
-        if in_dtype.is_floating_point:
-            out = out.to(in_dtype)
-    elif np.issubdtype(in_dtype, np.floating):
-        out = out.astype(in_dtype, copy=False)
-    return out, params
-
-
-def make_transformed_copies(image, n_copies, *, max_rotation=180.0, max_translation=0,
-                            random_state=None):
-    """Randomly rotated and translated copies of one image (as in the paper's Figure 2).
-
-    Parameters
-    ----------
-    image : array-like or torch.Tensor of shape (H, W) or (C, H, W)
-    n_copies : int
-        Number of copies, at least 1.
-    max_rotation : float, default=180.0
-        Largest absolute angle in degrees (180: all orientations).
-    max_translation : float, default=0
-        Largest absolute shift along each axis, in pixels.
-    random_state : int, RandomState instance or None, default=None
-
-    Returns
-    -------
-    copies : ndarray or torch.Tensor of shape (n_copies, H, W) or (n_copies, C, H, W)
-        ``copies[i] = warp_se2(image[None], params[i])[0]``; dtype as in
-        :func:`make_transformed`.
-    params : ndarray of shape (n_copies, 3)
-        The ``(angle in degrees, tx, ty in pixels)`` of each copy.
-
-    Examples
-    --------
-    >>> from invariant_cluster.datasets import load_digits_images, make_transformed_copies
-    >>> image = load_digits_images().images[0]
-    >>> copies, params = make_transformed_copies(image, 6, random_state=0)
-    >>> copies.shape, params.shape
-    ((6, 8, 8), (6, 3))
-    """
-    if isinstance(n_copies, bool) or not isinstance(n_copies, numbers.Integral):
-        raise TypeError(f"n_copies: expected an int, got {n_copies!r}")
-    if n_copies < 1:
-        raise ValueError(f"n_copies: expected at least 1, got {n_copies}")
-    if isinstance(image, torch.Tensor):
-        if image.ndim not in (2, 3):
-            raise ValueError(f"image: expected shape (H, W) or (C, H, W), got {tuple(image.shape)}")
-        X = image.unsqueeze(0).repeat(n_copies, *([1] * image.ndim))
-    else:
-        image = np.asarray(image)
-        if image.ndim not in (2, 3):
-            raise ValueError(f"image: expected shape (H, W) or (C, H, W), got {image.shape}")
-        X = np.repeat(image[None], int(n_copies), axis=0)
-    return make_transformed(X, max_rotation=max_rotation, max_translation=max_translation,
-                            random_state=random_state)

@@ -1,0 +1,211 @@
+"""Helpers of the command line (:mod:`invariant_cluster.cli`): argument types, the progress bar,
+warnings as lines, the output folder and the files common to several commands.
+
+Importing this module is cheap (no torch, no NumPy), as the command line's ``--help`` needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+PROG = "invariant-cluster"
+
+
+class UsageError(Exception):
+    """Bad input found after parsing: reported as one line, exit status 2."""
+
+
+def _version():
+    from . import __version__
+
+    return __version__
+
+
+def _number(kind, low, *, what, strict=False, high=None):
+    """An argparse type: a finite ``kind`` (int or float) >= ``low`` (> with ``strict``), at
+    most ``high``; otherwise the error says ``expected <what>``."""
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if (value is None or not math.isfinite(value) or value < low
+                or (strict and value == low) or (high is not None and value > high)):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+_positive_int = _number(int, 1, what="a positive integer")
+_nonnegative_int = _number(int, 0, what="an integer >= 0")
+_nonnegative_float = _number(float, 0, what="a finite number >= 0")
+_angle = _number(float, 0, high=180, what="degrees in [0, 180]")
+_positive_float = _number(float, 0, strict=True, what="'auto' or a positive number")
+
+
+def _bandwidth(text):
+    return text if text == "auto" else _positive_float(text)
+
+
+class _Progress:
+    """A tqdm bar over a few named stages; the elapsed time ticks while a stage runs.
+
+    The estimator has no progress callback, so a stage (e.g. the whole fit) is one step; a
+    background thread refreshes the bar every half second so the elapsed time stays live.
+    Shown only on a terminal (tqdm's ``disable=None``) and never with ``--quiet``.
+    """
+
+    def __init__(self, stages, quiet):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=len(stages), disable=True if quiet else None, unit="stage",
+                        file=sys.stderr, leave=False,
+                        bar_format="{desc} {bar} {n_fmt}/{total_fmt} [{elapsed}]")
+
+    @contextmanager
+    def stage(self, name):
+        self.bar.set_description_str(name)
+        stop = threading.Event()
+
+        def tick():
+            while not stop.wait(0.5):
+                self.bar.refresh()
+
+        thread = None
+        if not self.bar.disable:
+            thread = threading.Thread(target=tick, daemon=True)
+            thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if thread is not None:
+                thread.join()
+        self.bar.update(1)
+
+    def close(self):
+        self.bar.close()
+
+
+@contextmanager
+def _warnings_as_lines(ignore=()):
+    """Collect warnings and print each as one line on stderr (no source line, no traceback)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        for category in ignore:
+            warnings.filterwarnings("ignore", category=category)
+        yield
+    seen = set()
+    for w in caught:
+        text = " ".join(str(w.message).split())
+        if text not in seen:
+            seen.add(text)
+            print(f"{PROG}: warning: {text}", file=sys.stderr)
+
+
+def load_input(path, labels=None, image_shape=None):
+    """Read the input of ``fit``, ``neighbors`` and ``class-averages``: ``(X, y, names)``.
+
+    The readers live in :mod:`invariant_cluster.datasets` (``_files.load_input``); every
+    error is a ValueError or FileNotFoundError naming the file, reported as one line.
+    """
+    from .datasets._files import load_input as read
+
+    return read(path, labels, image_shape)
+
+
+def _check_out(path):
+    """Create ``--out`` and make sure that a file can be written there, BEFORE the long part."""
+    out = Path(path)
+    probe = out / f".{PROG}-write-test"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    return out
+
+
+def _clear(out, names):
+    """Remove this command's files of an earlier run, so that the folder describes one run."""
+    for name in names:
+        (out / name).unlink(missing_ok=True)
+
+
+def _check_finite(**results):
+    """Refuse to write results that are not finite (e.g. from values that overflow float32)."""
+    import numpy as np
+
+    bad = [name for name, a in results.items() if not np.isfinite(np.asarray(a)).all()]
+    if bad:
+        raise RuntimeError(f"the computation gave non-finite {', '.join(bad)}; rescale the "
+                           "images (e.g. to [0, 1]) and run again")
+
+
+def _write_csv(path, header, rows):
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+
+
+def _environment():
+    import platform
+
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "invariant_cluster": _version(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def _save_figure(ax, path):
+    import matplotlib.pyplot as plt
+
+    fig = ax.figure
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _write_labels(out, labels, y, names):
+    """``labels.csv``: each image (index or file name), its cluster and its true label."""
+    ids = names if names is not None else list(range(len(labels)))
+    id_col = "file" if names is not None else "index"
+    header = [id_col, "label"] + (["true_label"] if y is not None else [])
+    rows = [[ids[i], int(labels[i])] + ([y[i].item()] if y is not None else [])
+            for i in range(len(labels))]
+    _write_csv(out / "labels.csv", header, rows)
+    return ids, id_col
+
+
+def _print_table(rows):
+    cols = ["method", "ACC", "ARI", "NMI", "seconds"]
+    cells = [[r["method"], f"{r['ACC']:.3f}", f"{r['ARI']:.3f}", f"{r['NMI']:.3f}",
+              f"{r['seconds']:.1f}"] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    line = "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                     for i, (c, w) in enumerate(zip(cols, widths)))
+    print(line)
+    print("  ".join("-" * w for w in widths))
+    for row in cells:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(row, widths))))
