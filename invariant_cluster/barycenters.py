@@ -8,8 +8,9 @@ import numpy as np
 import torch
 
 from ._utils import resolve_device
-from .alignment import fast_warp, grid_search, make_search_grid, refine_alignments, to_images
-from .transforms import invert_se2
+from .alignment import to_images
+from .search import grid_search, make_search_grid, refine_alignments
+from .transforms import fast_warp, invert_se2
 
 __all__ = ["invariant_mean"]
 
