@@ -362,12 +362,7 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         return self.kneighbors_graph(X, mode=self.mode, n_neighbors=self.n_neighbors + add_one)
 
     def fit_transform(self, X, y=None):
-        """``fit(X).transform(X)``.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features), (n, H, W) or (n, C, H, W)
-        y : Ignored
+        """``fit(X).transform(X)``, for the ``X`` and ``y`` of :meth:`fit`.
 
         Returns
         -------

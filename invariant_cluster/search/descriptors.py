@@ -136,12 +136,8 @@ def steerable_descriptors(X: torch.Tensor, *, angles=None, shifts=None, n_rings=
     if not isinstance(X, torch.Tensor) or X.ndim != 4:
         raise ValueError(f"X: expected a torch.Tensor of shape (n, C, H, W), got "
                          f"{type(X).__name__} of shape {tuple(getattr(X, 'shape', ()))}")
-    n_rings = _check_int(n_rings, "n_rings", 1, allow_none=True)
-    n_angular = _check_int(n_angular, "n_angular", 2)
-    n_frequencies = _check_int(n_frequencies, "n_frequencies", 1, allow_none=True)
-    batch_size = _check_int(batch_size, "batch_size", 1, allow_none=True)
-    if not X.is_floating_point():
-        X = X.float()
+    X, n_rings, n_angular, n_frequencies, batch_size = _checked(
+        X, n_rings, n_angular, n_frequencies, batch_size)
     dtype, device = X.dtype, X.device
     n, c, h, w = X.shape
     ang = torch.zeros(1, dtype=dtype, device=device) if angles is None else torch.as_tensor(
@@ -170,6 +166,15 @@ def steerable_descriptors(X: torch.Tensor, *, angles=None, shifts=None, n_rings=
     if not out:
         return X.new_zeros((0, U * V, 0))
     return torch.cat(out, 0)
+
+
+def _checked(X, n_rings, n_angular, n_frequencies, batch_size):
+    """The sampling sizes as ints (ValueError naming a bad one), and ``X`` as floats."""
+    return (X if X.is_floating_point() else X.float(),
+            _check_int(n_rings, "n_rings", 1, allow_none=True),
+            _check_int(n_angular, "n_angular", 2),
+            _check_int(n_frequencies, "n_frequencies", 1, allow_none=True),
+            _check_int(batch_size, "batch_size", 1, allow_none=True))
 
 
 def _fourier_modulus(X, pad):
@@ -259,12 +264,8 @@ def invariant_descriptors(X: torch.Tensor, *, n_rings=None, n_angular=64, n_freq
                          f"got {group!r}")
     if center not in ("auto", "image", "mass"):
         raise ValueError(f"center: expected 'auto', 'image' or 'mass', got {center!r}")
-    n_rings = _check_int(n_rings, "n_rings", 1, allow_none=True)
-    n_angular = _check_int(n_angular, "n_angular", 2)
-    n_frequencies = _check_int(n_frequencies, "n_frequencies", 1, allow_none=True)
-    batch_size = _check_int(batch_size, "batch_size", 1, allow_none=True)
-    if not X.is_floating_point():
-        X = X.float()
+    X, n_rings, n_angular, n_frequencies, batch_size = _checked(
+        X, n_rings, n_angular, n_frequencies, batch_size)
     if max_rotation == 0:
         group = {"se2": "translation", "rotation": "none"}.get(group, group)
     if group in ("rotation", "none"):

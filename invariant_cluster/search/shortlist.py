@@ -173,8 +173,11 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
     Parameters
     ----------
     X, Y : torch.Tensor of shape (n_x, C, H, W) and (n_y, C, H, W)
+        Queries and keys.
     grid : SearchGrid
+        The transformations searched.
     k : int
+        Neighbours kept per query.
     n_candidates : int, optional
         Shortlist length (None: :func:`default_n_candidates`, ``max(4 k, 64)``).
     batch_size : int, optional
