@@ -86,14 +86,12 @@ def invariant_knn(X, search, k=N_NEIGHBORS):
     """The pipeline's kNN: the same search the estimator runs (exact or shortlist, grid only)."""
     import torch
 
-    from invariant_cluster.alignment import make_search_grid
-    from invariant_cluster.cluster import _AUTO_EXACT_WORK, _knn
+    from invariant_cluster.search import knn_search, make_search_grid
 
     grid = make_search_grid("se2", refine=False, **search)
     Xt = torch.as_tensor(X).reshape(len(X), 1, *X.shape[1:])
-    exact = len(X) * grid.size <= _AUTO_EXACT_WORK
     with torch.no_grad():
-        D, idx, _ = _knn(Xt, grid, k, exact, None, None, None)
+        D, idx, _ = knn_search(Xt, Xt, grid, k, exclude=torch.arange(len(X)))
     return idx.numpy(), D.clamp(min=0).sqrt().numpy().astype(np.float64)
 
 
@@ -166,14 +164,15 @@ def _means_graph_purity(est, y, search):
     estimator groups (the converged means', searched within two hops)."""
     import torch
 
-    from invariant_cluster.alignment import make_search_grid
-    from invariant_cluster.cluster import _means_graph
+    from invariant_cluster._grouping import two_hop_candidates
+    from invariant_cluster.search import candidate_search, make_search_grid
 
     grid = make_search_grid("se2", refine=False, **search)
     M = torch.as_tensor(est.invariant_means_).reshape(-1, *est.image_shape_)
+    idx = torch.as_tensor(est.neighbors_[:, 1:])
     with torch.no_grad():
-        _, idx_m, _ = _means_graph(M, torch.as_tensor(est.neighbors_[:, 1:]), grid,
-                                   est.neighbors_.shape[1] - 1, None, None)
+        _, idx_m, _ = candidate_search(M, M, two_hop_candidates(idx), grid, k=idx.shape[1],
+                                       exclude=torch.arange(len(M)))
     return {"means_graph_purity": float((y[idx_m.numpy()] == y[:, None]).mean())}
 
 

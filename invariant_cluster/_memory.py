@@ -1,6 +1,9 @@
-"""The memory policy: how many bytes a device has free, whether a request fits, and how large a
-block of work may be. Every search and iteration sizes its blocks here (never an ``n x n``
-array where a block will do); requests that cannot fit fail early with a clear message.
+"""The memory policy: how many bytes a device has free, whether a request fits, how large a
+block of work may be, and the limits of the backends. Every search and iteration sizes its blocks
+here (never an ``n x n`` array where a block will do); requests that cannot fit fail early with a
+clear message. Every block size and every exact/shortlist threshold of the package is a name of
+this module, read by the search engine (:mod:`invariant_cluster.search`), the warp owner
+(:mod:`invariant_cluster.transforms`) and the estimators.
 """
 
 from __future__ import annotations
@@ -10,6 +13,61 @@ import torch
 # Cap on a block's elements: beyond this, larger blocks do not speed the products up, they only
 # delay the first page faults (CPU); GPUs profit from larger blocks.
 _CAP_ELEMENTS = {"cpu": 64 * 1024 * 1024, "cuda": 512 * 1024 * 1024}
+
+# ----------------------------------------------------------------------------- backend limits
+# cuDNN's grid sampler refuses a batch of 65,536 images or more (CUDNN_STATUS_NOT_SUPPORTED,
+# PyTorch issue 88380; PyTorch sends bilinear, zero-padded, align_corners=True sampling to cuDNN),
+# so every ``grid_sample`` call of the package stays below it (transforms.sample_images).
+GRID_SAMPLE_MAX_BATCH = 65535
+# 32-bit indexing: kernels index a tensor of fewer than 2**31 elements with int32; one
+# ``grid_sample`` call keeps its input, grid and output below this many elements.
+INDEX_LIMIT = 2 ** 31 - 1
+
+# ----------------------------------------------------------------------------- block sizes
+# Maintenance note: the score block ``(b * S, c * R)`` of the grid search dominates memory; 64 M
+# elements (256 MB in float32) keeps the GEMM efficient while leaving room for a few copies.
+# The warped keys of one chunk stay under the same budget.
+SCORE_BLOCK_ELEMENTS = 64 * 1024 * 1024
+# Queries per block of the grid search, at most (beyond this the products are no faster).
+MAX_QUERIES_PER_BLOCK = 4096
+# Pairs refined at once: each pair holds about 8 images' worth of work (warps, residuals,
+# Jacobians), so a batch of pairs stays under the score block's budget.
+REFINE_PAIR_ELEMENTS = SCORE_BLOCK_ELEMENTS // 8
+# The identity check of the kNN transformer (plain residuals of the kept pairs), per chunk.
+IDENTITY_CHECK_ELEMENTS = 1 << 24
+# Rows of queries of the softmax KernelPCAAttention.transform at once (a rows x keys block).
+SOFTMAX_QUERY_ROWS = 2048
+
+# ----------------------------------------------------------------------------- exact or shortlist
+# Maintenance note: neighbor_search="auto" searches exactly while n_keys x grid size stays below
+# this (4,000 keys with 36 angles and no shifts), and shortlists beyond. Exact search costs
+# n_queries x n_keys x grid size warped inner products; the shortlist's exact part is linear in
+# n_keys, and the refinement of the kept pairs costs the same in both (at 10,000 MNIST digits
+# the shortlisted graph took 0.67 of the exact one's time: benchmarks/bench_neighbors.py).
+AUTO_EXACT_WORK = 4000 * 36
+# Maintenance note: measured on MNIST (n = 2000, rotated +-45 degrees, with and without +-2 px
+# shifts, 17 and 24 grid angles, k = 32): recall of the exact top-k >= 0.95 needs about 4 k
+# candidates; see benchmarks/bench_scaling.py --recall.
+CANDIDATES_PER_NEIGHBOR = 4
+MIN_CANDIDATES = 64
+# The kNN transformer shortlists for twice as many neighbours (8 k candidates): on 10,000 MNIST
+# test digits rotated over the full circle (n_neighbors = 15, 36 angles) 64 candidates kept 0.943
+# of the exact top-15 and 128 kept 0.973, while the exact search of the candidates is a small
+# part of its time (benchmarks/bench_neighbors.py); the clusterer, whose grouping is robust to
+# a few missed neighbours, keeps 4 k.
+GRAPH_CANDIDATE_FACTOR = 2
+
+
+def default_n_candidates(k, n_keys) -> int:
+    """The shortlist length used when none is given: ``max(4 k, 64)``, at most ``n_keys``."""
+    return int(min(n_keys, max(CANDIDATES_PER_NEIGHBOR * int(k), MIN_CANDIDATES)))
+
+
+def use_exact_search(neighbor_search, n_keys, grid_size) -> bool:
+    """Whether ``neighbor_search`` ("auto", "exact" or "shortlist") means the exact search."""
+    if neighbor_search != "auto":
+        return neighbor_search == "exact"
+    return n_keys * grid_size <= AUTO_EXACT_WORK
 
 
 class InsufficientMemoryError(MemoryError, ValueError):

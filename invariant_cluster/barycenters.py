@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import numbers
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from ._utils import resolve_device
-from .alignment import fast_warp, grid_search, make_search_grid, refine_alignments, to_images
-from .transforms import invert_se2
+from .alignment import to_images
+from .search import grid_search, make_search_grid, refine_alignments
+from .transforms import fast_warp, invert_se2
 
 __all__ = ["invariant_mean"]
 
@@ -116,3 +118,32 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
     if is_numpy:
         return mu.cpu().numpy(), params.cpu().numpy().astype(np.float64)
     return mu, params
+
+
+def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
+    """Each cluster's invariant mean of its samples, and each sample's alignment onto it.
+
+    The fixed-point iteration of the invariant mean runs on the grid (three rounds, started at
+    the cluster's densest converged mean); then two rounds with the continuous refinement
+    (``grid.refine``, about 20 warps per sample and round), the centre being the average of the
+    members warped with the refined alignments.
+    """
+    coarse = replace(grid, refine=False)
+    n_clusters = int(labels.max()) + 1
+    centers = []
+    params = torch.zeros((Xt.shape[0], 3), dtype=Xt.dtype, device=Xt.device)
+    density = torch.nan_to_num(D_knn, posinf=0.0).mean(1)
+    for c in range(n_clusters):  # a loop over clusters; each step is batched over its members
+        members = torch.as_tensor(np.flatnonzero(labels == c), device=Xt.device)
+        w = torch.full((len(members),), 1.0 / len(members), dtype=Xt.dtype, device=Xt.device)
+        # start from the converged mean of the member in the densest place
+        init = M[members[int(torch.argmin(density[members]))]]
+        Xc = Xt[members]
+        mu, p, _ = invariant_mean_tensor(Xc, w, coarse, init=init, max_iter=3, tol=1e-4,
+                                         batch_size=batch_size)
+        for _ in range(2 if grid.refine else 0):  # refined rounds of the same fixed point
+            _, p = refine_alignments(mu.expand(len(members), *mu.shape), Xc, p, grid)
+            mu = (w[:, None, None, None] * fast_warp(Xc, p)).sum(0)
+        centers.append(mu)
+        params[members] = p
+    return torch.stack(centers), params

@@ -8,7 +8,6 @@ of the converged means) -> centres (each cluster's invariant mean).
 from __future__ import annotations
 
 import contextlib
-import math
 import numbers
 import time
 import warnings
@@ -19,36 +18,23 @@ from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin, _fit_con
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 
-from ._grouping import embed_and_cluster, graph_modes, two_hop_candidates
-from ._utils import flatten_images, resolve_device, resolve_image_shape
-from .alignment import (
-    GROUPS,
-    all_pairs,
-    fast_warp,
-    grid_search,
-    make_search_grid,
-    refine_alignments,
+from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
+from ._grouping import embed_and_cluster, two_hop_candidates
+from ._iteration import (  # noqa: F401 - the iteration's names, importable from here as before
+    _relabel_by_size,
+    attention_weights,
+    blurring_mean_shift,
+    calibrate_bandwidth,
+    iterate_attention,
+    mean_shift,
 )
-from .barycenters import invariant_mean_tensor
+from ._utils import resolve_device
+from .barycenters import cluster_means
+from .search import all_pairs, candidate_search, knn_search
 
 __all__ = ["InvariantAttentionClusterer", "invariant_attention_clustering"]
-
-# neighbor_search="auto" searches exactly while n_samples x grid size stays below this (e.g.
-# 4,000 samples with 36 angles and no shifts), and shortlists beyond.
-_AUTO_EXACT_WORK = 4000 * 36
-# Maintenance note: the calibrated scale sigma_i is capped at this fraction of rho_i (the
-# distance to the nearest other sample). UMAP's calibration spreads log2(k + 1) of weight over
-# the k neighbours whatever the data; when a cluster has fewer than about log2(k + 1) members
-# the rest would come from other clusters. The cap keeps far neighbours (d >> rho_i) at a
-# negligible weight; on MNIST it binds for few samples (median sigma_i / rho_i is about 0.12).
-_SIGMA_CAP = 0.25
-# The fixed-point iteration checks its convergence every this many steps (one host-device
-# synchronisation per check, none in between).
-_CHECK_EVERY = 10
-# blurring update: the partition into modes must stay the same this many iterations in a row
-_STABLE_ITERS = 3
 
 
 @contextlib.contextmanager
@@ -72,7 +58,8 @@ def _thread_limit(n_jobs):
         torch.set_num_threads(old)
 
 
-class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
+class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin,
+                                  BaseEstimator):
     """Cluster images invariantly to rotations and translations by iterated invariant attention.
 
     Every image attends to its invariant nearest neighbours with the invariant kernel (the
@@ -222,29 +209,20 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
     """
 
     _parameter_constraints = {
+        **SE2SearchMixin._parameter_constraints,
+        **ENGINE_CONSTRAINTS,
         "n_clusters": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "group": [StrOptions(set(GROUPS))],
-        "max_rotation": [Interval(numbers.Real, 0, None, closed="left")],
-        "n_rotations": [Interval(numbers.Integral, 1, None, closed="left")],
-        "max_translation": [Interval(numbers.Real, 0, None, closed="left")],
         "bandwidth": [StrOptions({"auto"}), Interval(numbers.Real, 0, None, closed="neither")],
-        "n_neighbors": [Interval(numbers.Integral, 1, None, closed="left")],
         "update": [StrOptions({"blurring", "fixed"})],
         "graph": [StrOptions({"samples", "means"})],
         "max_iter": [Interval(numbers.Integral, 0, None, closed="left")],
         "tol": [Interval(numbers.Real, 0, None, closed="left")],
-        "refine": ["boolean"],
-        "image_shape": [tuple, list, None],
-        "device": [str, torch.device],
-        "batch_size": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "neighbor_search": [StrOptions({"auto", "exact", "shortlist"})],
-        "n_candidates": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "client": "no_validation",
         "n_jobs": [Interval(numbers.Integral, None, -1, closed="right"),
                    Interval(numbers.Integral, 1, None, closed="left"), None],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
     }
+    _min_fit_samples = 2
 
     def __init__(self, n_clusters=None, *, group="se2", max_rotation=180.0, n_rotations=36,
                  max_translation=0, bandwidth="auto", n_neighbors=15, update="fixed",
@@ -274,23 +252,6 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
         self.verbose = verbose
 
     # ------------------------------------------------------------------ helpers
-    def _grid(self, refine=False):
-        return make_search_grid(self.group, self.max_rotation, self.n_rotations,
-                                self.max_translation, refine and self.refine)
-
-    def _validate(self, X, reset):
-        X2, shape = flatten_images(X, self.image_shape)
-        # integers (uint8 images) become float32; float64 stays float64
-        X2 = validate_data(self, X2, reset=reset, dtype=[np.float32, np.float64],
-                           ensure_min_samples=1 if not reset else 2)
-        if reset:
-            self.image_shape_ = shape or resolve_image_shape(X2.shape[1], self.image_shape)
-        elif shape is not None and tuple(shape) != tuple(self.image_shape_):
-            raise ValueError(
-                f"X: expected images of shape {tuple(self.image_shape_)} as in fit, got {shape}"
-            )
-        return X2
-
     def _tensor(self, X2, device):
         dtype = torch.float64 if X2.dtype == np.float64 else torch.float32
         # a copy: the input may be read-only, and the fit must never write into it
@@ -321,46 +282,29 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
                 f"n_clusters: expected at most n_samples={n}, got {self.n_clusters}"
             )
         dev = resolve_device(self.device)
-        grid = self._grid()
+        grid = self._grid(refine=False)
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
         k = int(min(self.n_neighbors, n - 1))
         t0 = time.perf_counter()
         with _thread_limit(self.n_jobs), torch.no_grad():
             Xt = self._tensor(X2, dev)
-            exact = self.neighbor_search == "exact" or (
-                self.neighbor_search == "auto" and n * grid.size <= _AUTO_EXACT_WORK)
             # 1. search: the invariant kNN graph of the samples (squared distances)
-            D, idx, P = _knn(Xt, grid, k, exact, self.n_candidates, self.batch_size,
-                             self.client)
-            dist = D.clamp(min=0).sqrt()
-            self._log(f"kNN graph ({'exact' if exact else 'shortlist'}, k={k}): "
-                      f"{time.perf_counter() - t0:.1f} s")
+            D, idx, P = knn_search(Xt, Xt, grid, k, method=self.neighbor_search,
+                                   n_candidates=self.n_candidates, batch_size=self.batch_size,
+                                   exclude=torch.arange(n, device=dev), client=self.client)
+            self._log(f"kNN graph (k={k}): {time.perf_counter() - t0:.1f} s")
             # 2. bandwidth
-            rho, sigma = calibrate_bandwidth(dist, self.bandwidth)
+            rho, sigma = calibrate_bandwidth(D.clamp(min=0).sqrt(), self.bandwidth)
             # 3. iterate
-            if self.update == "fixed":
-                M, W, history, converged = mean_shift(
-                    Xt, idx, P, rho, sigma, self.bandwidth, max_iter=self.max_iter,
-                    tol=self.tol, batch_size=self.batch_size)
-            else:
-                M, W, history, converged = blurring_mean_shift(
-                    Xt, idx, P, rho, sigma, self.bandwidth, max_iter=self.max_iter,
-                    tol=self.tol, batch_size=self.batch_size)
+            M, W, history, converged = iterate_attention(
+                Xt, idx, P, rho, sigma, self.bandwidth, update=self.update,
+                max_iter=self.max_iter, tol=self.tol, batch_size=self.batch_size)
             self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
             # 4. group: umap-learn's embedding of a kNN graph, then k-means (or HDBSCAN)
-            if self.graph == "means":  # the converged means' graph, searched within two hops
-                Dg, idx_g, _ = _means_graph(M, idx, grid, k, self.batch_size, self.client)
-            else:
-                Dg, idx_g = D, idx
-            dist_g = Dg.clamp(min=0).sqrt().cpu().numpy().astype(np.float64)
-            labels = embed_and_cluster(idx_g.cpu().numpy(),
-                                       np.where(np.isfinite(dist_g), dist_g, 0.0),
-                                       self.n_clusters, seed)
-            labels = _relabel_by_size(labels)
+            labels, Dg = self._group(D, idx, M, grid, k, seed)
             self._log(f"{int(labels.max()) + 1} clusters ({time.perf_counter() - t0:.1f} s)")
             # 5. centres: each cluster's invariant mean, started at its densest converged mean
-            centers, params = _cluster_means(Xt, M, labels, self._grid(refine=True),
-                                             self.batch_size, Dg)
+            centers, params = cluster_means(Xt, M, labels, self._grid(), self.batch_size, Dg)
         if self.max_iter > 0 and not converged:
             warnings.warn(
                 f"InvariantAttentionClusterer did not converge in max_iter={self.max_iter} "
@@ -385,6 +329,18 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
         self.n_iter_ = len(history)
         self._log(f"done: {self.n_clusters_} clusters in {time.perf_counter() - t0:.1f} s")
         return self
+
+    def _group(self, D, idx, M, grid, k, seed):
+        """Labels (largest cluster first) from the samples' graph ``(D, idx)`` or, with
+        ``graph="means"``, the means' graph searched within two hops; and its distances."""
+        if self.graph == "means":
+            D, idx, _ = candidate_search(M, M, two_hop_candidates(idx), grid, k=k,
+                                         batch_size=self.batch_size, client=self.client,
+                                         exclude=torch.arange(M.shape[0], device=M.device))
+        dist = D.clamp(min=0).sqrt().cpu().numpy().astype(np.float64)
+        labels = embed_and_cluster(idx.cpu().numpy(), np.where(np.isfinite(dist), dist, 0.0),
+                                   self.n_clusters, seed)
+        return _relabel_by_size(labels), D
 
     def fit_predict(self, X, y=None):
         """Fit and return ``labels_``."""
@@ -435,238 +391,6 @@ class InvariantAttentionClusterer(ClusterMixin, TransformerMixin, BaseEstimator)
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
         return tags
-
-
-# ---------------------------------------------------------------------- algorithm pieces
-def _knn(Xt, grid, k, exact, n_candidates, batch_size, client):
-    """The ``k`` nearest other samples of every sample: ``(dist^2, index, params)``."""
-    from .neighbors import blocked_grid_search, neighbor_search
-
-    n = Xt.shape[0]
-    own = torch.arange(n, device=Xt.device)
-    if exact and client is None:
-        return grid_search(Xt, Xt, grid, k=k, batch_size=batch_size, exclude=own)
-    if exact:
-        return blocked_grid_search(Xt, Xt, grid, k=k, batch_size=batch_size, client=client,
-                                   exclude=own)
-    return neighbor_search(Xt, Xt, grid, k=k, n_candidates=n_candidates, exclude=own,
-                           client=client)
-
-
-def _means_graph(M, idx, grid, k, batch_size, client):
-    """The kNN graph of the means, searched among each sample's neighbours' neighbours."""
-    from .neighbors import candidate_search
-
-    n = M.shape[0]
-    return candidate_search(M, M, two_hop_candidates(idx), grid, k=k, batch_size=batch_size,
-                            exclude=torch.arange(n, device=M.device), client=client)
-
-
-def calibrate_bandwidth(dist: torch.Tensor, bandwidth="auto", n_steps: int = 64):
-    """Per-sample ``(rho, sigma)`` from the distances to the ``k`` nearest other samples.
-
-    ``dist``: ``(n, k)`` invariant distances (not squared), ascending, ``inf`` for missing
-    neighbours. "auto": ``rho_i = dist[i, 0]`` and ``sigma_i`` solving
-    ``sum_j exp(-max(dist_ij - rho_i, 0) / sigma_i) = log2(k + 1)`` by bisection (a fixed number
-    of vectorised steps: no host synchronisation), capped at ``0.25 rho_i`` and floored at
-    ``1e-3`` of the median positive ``rho``. A float: ``rho = 0``, ``sigma = bandwidth``.
-    """
-    n, k = dist.shape
-    if bandwidth != "auto":
-        return dist.new_zeros(n), dist.new_full((n,), float(bandwidth))
-    d = dist.double()
-    finite = torch.isfinite(d)
-    rho = torch.where(finite[:, 0], d[:, 0], torch.zeros_like(d[:, 0]))
-    excess = torch.where(finite, (d - rho[:, None]).clamp(min=0), torch.full_like(d, math.inf))
-    target = math.log2(k + 1)
-    lo = torch.zeros(n, dtype=d.dtype, device=d.device)
-    scale = excess[finite].mean() if bool(finite.any()) else d.new_tensor(1.0)
-    hi = torch.full_like(lo, 1.0) * (scale * 1e3 + 1.0)
-    for _ in range(n_steps):
-        mid = 0.5 * (lo + hi)
-        total = torch.exp(-excess / mid[:, None]).sum(1)
-        too_wide = total > target
-        hi = torch.where(too_wide, mid, hi)
-        lo = torch.where(too_wide, lo, mid)
-    sigma = 0.5 * (lo + hi)
-    pos = rho[rho > 0]
-    floor = 1e-3 * (pos.median() if pos.numel() else scale.clamp(min=1e-12))
-    sigma = torch.maximum(torch.minimum(sigma, _SIGMA_CAP * rho), floor)
-    return rho.to(dist.dtype), sigma.to(dist.dtype)
-
-
-def attention_weights(d: torch.Tensor, rho: torch.Tensor, sigma: torch.Tensor, bandwidth):
-    """Weights of keys at distances ``d`` (``(b, m)``, not squared), normalised per row."""
-    if bandwidth == "auto":
-        logits = -(d - rho[:, None]).clamp(min=0) / sigma[:, None]
-    else:
-        logits = -(d * d) / (2.0 * sigma[:, None] ** 2)
-    return torch.softmax(logits, dim=1)
-
-
-def _rows_per_block(n, k, n_features, element_size, batch_size, device):
-    """Rows per block of the iteration: the ``(b, k + 1, F)`` aligned keys and a few copies."""
-    from ._memory import block_elements
-
-    if batch_size is not None:
-        return int(batch_size)
-    per_row = max(1, 4 * (k + 1) * n_features)
-    return int(max(1, min(n, block_elements(device, element_size) // per_row)))
-
-
-def _aligned_keys(keys, rows, idx, P):
-    """``(b, k + 1, F)``: each row's own key, then its neighbours warped onto it."""
-    b, k = idx.shape
-    own = keys[rows].reshape(b, 1, -1)
-    if k == 0:
-        return own
-    warped = fast_warp(keys[idx.reshape(-1)], P.reshape(-1, 3).to(keys.dtype))
-    return torch.cat([own, warped.reshape(b, k, -1)], 1)
-
-
-def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=None):
-    """Invariant attention with fixed keys, iterated to its fixed point (mean shift).
-
-    Sample ``i`` attends to itself and to its neighbours aligned onto it, ``T_ij x_j``; its
-    mean moves to ``m_i <- sum_j w_j(m_i) T_ij x_j``. The weights are a non-increasing function
-    of ``||m_i - T_ij x_j||``, so each step is a monotone ascent of a kernel density over the
-    aligned neighbourhood (the "shadow" kernel of Cheng, 1995): the means converge, and a mean
-    never leaves the convex hull of its own neighbourhood. Rows are independent, so blocks of
-    rows run to convergence one after the other, each with its aligned keys warped once.
-
-    Returns ``(means, weights (n, k + 1), history, converged)``.
-    """
-    n, k = idx.shape
-    nf = Xt[0].numel()
-    rows_per = _rows_per_block(n, k, nf, Xt.element_size(), batch_size, Xt.device)
-    M = Xt.reshape(n, nf).clone()
-    W = Xt.new_zeros((n, k + 1))
-    moves = Xt.new_zeros(max(max_iter, 1))
-    done = 0
-    for r0 in range(0, n, rows_per):
-        rows = torch.arange(r0, min(n, r0 + rows_per), device=Xt.device)
-        keys = _aligned_keys(Xt, rows, idx[rows], P[rows])
-        # ||m - key||^2 = ||m||^2 - 2 <m, key> + ||key||^2: one batched product per step
-        ksq = (keys * keys).sum(2)
-        m = keys[:, 0].clone()
-        s, r = sigma[rows], rho[rows]
-        # rows still moving: at each check, the rows whose last step was below tol are done
-        # and leave the batch (they keep their mean), so late iterations cost little
-        act = torch.arange(len(rows), device=Xt.device)
-        ka, kq, sa, ra, ma = keys, ksq, s, r, m.clone()
-        it = 0
-        while it < max_iter:
-            mk = torch.bmm(ka, ma[:, :, None])[..., 0]
-            d = ((ma * ma).sum(1, keepdim=True) - 2.0 * mk + kq).clamp(min=0).sqrt()
-            w = attention_weights(d, ra, sa, bandwidth)
-            new = torch.bmm(w[:, None].to(ka.dtype), ka)[:, 0]
-            step = torch.linalg.vector_norm(new - ma, dim=1) / sa
-            moves[it] = torch.maximum(moves[it], step.max())
-            ma = new
-            it += 1
-            if it % _CHECK_EVERY == 0:
-                m[act] = ma
-                keep = step >= tol
-                if not bool(keep.any()):
-                    break
-                act, ka, kq, sa, ra, ma = (t[keep] for t in (act, ka, kq, sa, ra, ma))
-        m[act] = ma
-        d = torch.linalg.vector_norm(m[:, None] - keys, dim=2)
-        W[rows] = attention_weights(d, r, s, bandwidth)
-        M[rows] = m
-        done = max(done, it)
-    history = moves[:done].cpu().tolist()
-    below = [t for t, h in enumerate(history) if h < tol]
-    converged = bool(below) or max_iter == 0
-    if below:  # the iteration at which every block had converged
-        history = history[:below[0] + 1]
-    return M.reshape(Xt.shape), W, history, converged
-
-
-def blurring_mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=None):
-    """Invariant attention with the current means as keys (Gaussian blurring mean shift) on
-    the samples' kNN graph, stopped when the cluster structure stops changing.
-
-    Maintenance note: blurring mean shift first collapses each cluster, then merges clusters
-    slowly until one point is left, so "until the means stop moving" over-merges.
-    Carreira-Perpinan (ICML 2006) stops when the clustering stops changing; here the partition
-    into modes (connected components of means within ``rho_i + sigma_i`` along the graph) must
-    stay the same for ``_STABLE_ITERS`` iterations in a row (one host synchronisation per
-    iteration for that test), or the largest relative move fall below ``tol``.
-
-    Returns ``(means, weights (n, k + 1), history, converged)``.
-    """
-    n, k = idx.shape
-    nf = Xt[0].numel()
-    rows_per = _rows_per_block(n, k, nf, Xt.element_size(), batch_size, Xt.device)
-    M = Xt.clone()
-    W = Xt.new_zeros((n, k + 1))
-    history, converged, stable, previous = [], max_iter == 0, 0, None
-    tol_modes = (rho + sigma).cpu().numpy()
-    idx_np = idx.cpu().numpy()
-    for _ in range(max_iter):
-        new = torch.empty_like(M).reshape(n, nf)
-        edge = Xt.new_zeros((n, k))
-        move = Xt.new_zeros(())
-        for r0 in range(0, n, rows_per):
-            rows = torch.arange(r0, min(n, r0 + rows_per), device=Xt.device)
-            keys = _aligned_keys(M, rows, idx[rows], P[rows])
-            d = torch.linalg.vector_norm(keys[:, :1] - keys, dim=2)
-            w = attention_weights(d, rho[rows], sigma[rows], bandwidth)
-            new[rows] = torch.bmm(w[:, None].to(keys.dtype), keys)[:, 0]
-            W[rows] = w
-            edge[rows] = d[:, 1:]
-            move = torch.maximum(move, (torch.linalg.vector_norm(
-                new[rows] - keys[:, 0], dim=1) / sigma[rows]).max())
-        M = new.reshape(Xt.shape)
-        history.append(float(move))
-        labels = _relabel_by_size(graph_modes(idx_np, edge.cpu().numpy(), tol_modes))
-        stable = stable + 1 if previous is not None and np.array_equal(labels, previous) else 0
-        previous = labels
-        if history[-1] < tol or stable >= _STABLE_ITERS - 1:
-            converged = True
-            break
-    return M, W, history, converged
-
-
-def _relabel_by_size(labels):
-    """Labels 0..K-1 ordered by decreasing cluster size (ties: first occurrence)."""
-    uniq, first, counts = np.unique(labels, return_index=True, return_counts=True)
-    order = np.lexsort((first, -counts))
-    mapping = np.empty(uniq.max() + 1, dtype=np.int64)
-    mapping[uniq[order]] = np.arange(len(uniq))
-    return mapping[labels]
-
-
-def _cluster_means(Xt, M, labels, grid, batch_size, D_knn):
-    """Each cluster's invariant mean of its samples, and each sample's alignment onto it.
-
-    The fixed-point iteration of the invariant mean runs on the grid (three rounds, started at
-    the cluster's densest converged mean); then two rounds with the continuous refinement
-    (``grid.refine``, about 20 warps per sample and round), the centre being the average of the
-    members warped with the refined alignments.
-    """
-    from dataclasses import replace
-
-    coarse = replace(grid, refine=False)
-    n_clusters = int(labels.max()) + 1
-    centers = []
-    params = torch.zeros((Xt.shape[0], 3), dtype=Xt.dtype, device=Xt.device)
-    density = torch.nan_to_num(D_knn, posinf=0.0).mean(1)
-    for c in range(n_clusters):  # a loop over clusters; each step is batched over its members
-        members = torch.as_tensor(np.flatnonzero(labels == c), device=Xt.device)
-        w = torch.full((len(members),), 1.0 / len(members), dtype=Xt.dtype, device=Xt.device)
-        # start from the converged mean of the member in the densest place
-        init = M[members[int(torch.argmin(density[members]))]]
-        Xc = Xt[members]
-        mu, p, _ = invariant_mean_tensor(Xc, w, coarse, init=init, max_iter=3, tol=1e-4,
-                                         batch_size=batch_size)
-        for _ in range(2 if grid.refine else 0):  # refined rounds of the same fixed point
-            _, p = refine_alignments(mu.expand(len(members), *mu.shape), Xc, p, grid)
-            mu = (w[:, None, None, None] * fast_warp(Xc, p)).sum(0)
-        centers.append(mu)
-        params[members] = p
-    return torch.stack(centers), params
 
 
 def invariant_attention_clustering(X, n_clusters=None, **params):

@@ -36,12 +36,13 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.extmath import svd_flip
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from . import _memory
+from ._estimator import SE2SearchMixin
 from ._utils import resolve_device, resolve_image_shape
+from .search import knn_search
 
 __all__ = ["KernelPCAAttention"]
 
-# Rows of queries handled at once in ``transform`` (bounds memory at _CHUNK x n_keys floats).
-_CHUNK = 2048
 # kernel="invariant", n_components=None: the sparse eigensolver finds the leading components
 # only, so None means this many (at most n - 1).
 _INVARIANT_COMPONENTS = 64
@@ -121,7 +122,8 @@ def _leading_eigen(Kphi, m: int):
     return w[order], U[:, order]
 
 
-class KernelPCAAttention(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, TransformerMixin,
+                         BaseEstimator):
     """Kernel PCA of the keys' normalised kernel feature map, computed by one attention.
 
     ``fit(X)`` takes the keys ``X`` and finds the principal axes of ``varphi(k_j)``;
@@ -304,6 +306,7 @@ class KernelPCAAttention(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     """
 
     _parameter_constraints: dict = {
+        **SE2SearchMixin._parameter_constraints,
         "n_components": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "kernel": [StrOptions({"softmax", "invariant"})],
         "scale": [Interval(numbers.Real, 0, None, closed="neither"),
@@ -312,15 +315,7 @@ class KernelPCAAttention(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         "robust": ["boolean"],
         "n_iter": [Interval(numbers.Integral, 1, None, closed="left")],
         "lam": [Interval(numbers.Real, 0, None, closed="neither")],
-        "group": [StrOptions({"se2", "rotation", "translation", "none"})],
-        "max_rotation": [Interval(numbers.Real, 0, None, closed="left")],
-        "n_rotations": [Interval(numbers.Integral, 1, None, closed="left")],
-        "max_translation": [Interval(numbers.Real, 0, None, closed="left")],
-        "n_neighbors": [Interval(numbers.Integral, 1, None, closed="left")],
         "bandwidth": [StrOptions({"auto"}), Interval(numbers.Real, 0, None, closed="neither")],
-        "image_shape": [tuple, list, None],
-        "n_candidates": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "device": [str, torch.device],
     }
 
     def __init__(
@@ -472,28 +467,20 @@ class KernelPCAAttention(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         return (H - self.mean_) * inv
 
     # ------------------------------------------------------------------ invariant kernel
-    def _grid(self):
-        from .alignment import make_search_grid
-
-        return make_search_grid(self.group, self.max_rotation, self.n_rotations,
-                                self.max_translation, refine=False)
-
     def _search(self, Xq, k, exclude=False):
-        """Invariant kNN of the image rows ``Xq`` among ``keys_``: ``(dist, index)`` in NumPy."""
-        from .neighbors import neighbor_search
+        """Invariant kNN of the image rows ``Xq`` among ``keys_``: ``(dist, index)`` in NumPy.
 
+        Always the shortlist (with ``n_candidates``, None: ``max(4 k, 64)``), which searches
+        every key exactly when the shortlist would hold them all."""
         device = resolve_device(self.device)
         shape = self.image_shape_
         q = torch.tensor(Xq, dtype=torch.float32, device=device).reshape(-1, *shape)
         keys = q if exclude else torch.tensor(self.keys_, dtype=torch.float32,
                                               device=device).reshape(-1, *shape)
         ex = torch.arange(q.shape[0], device=device) if exclude else None
-        n_cand = self.n_candidates
-        if n_cand is not None:
-            n_cand = max(int(n_cand), k)
         with torch.no_grad():
-            dist, idx, _ = neighbor_search(q, keys, self._grid(), k=k, exclude=ex,
-                                           n_candidates=n_cand)
+            dist, idx, _ = knn_search(q, keys, self._grid(), k, method="shortlist", exclude=ex,
+                                      n_candidates=self.n_candidates)
         return dist.double().cpu().numpy(), idx.cpu().numpy()
 
     def _fit_invariant(self, X, device):
@@ -601,8 +588,9 @@ class KernelPCAAttention(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         log_gk = torch.as_tensor(self.log_normalisers_, device=device)
         At = torch.as_tensor(A, device=device)
         out = []
-        for start in range(0, X.shape[0], _CHUNK):
-            q = torch.tensor(X[start : start + _CHUNK], device=device)
+        rows = _memory.SOFTMAX_QUERY_ROWS  # a rows x keys block of logits at a time
+        for start in range(0, X.shape[0], rows):
+            q = torch.tensor(X[start : start + rows], device=device)
             logits = self.scale_ * (q @ keys.T)
             log_gq = torch.logsumexp(logits, dim=1, keepdim=True)
             out.append((torch.exp(logits - log_gq - log_gk[None, :]) @ At).cpu().numpy())

@@ -28,26 +28,19 @@ from sklearn.base import (
     TransformerMixin,
     _fit_context,
 )
-from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils._param_validation import StrOptions
+from sklearn.utils.validation import check_is_fitted
 
-from ._utils import flatten_images, resolve_device, resolve_image_shape
-from .alignment import GROUPS, grid_search, make_search_grid, refine_pairs
+from . import _memory
+from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
+from ._utils import resolve_device
+from .search import knn_search, refine_pairs
 
 __all__ = ["InvariantKNeighborsTransformer", "invariant_kneighbors_graph", "symmetrize_graph"]
 
-# Maintenance note: neighbor_search="auto" searches exactly while n_samples_fit x grid size
-# stays below this (4,000 fitted images with 36 angles and no shifts; the same threshold as the
-# clusterer's), and shortlists beyond. Exact search costs n_queries x n_fit x grid size warped
-# inner products; the shortlist's exact part is linear in n_fit, and the refinement of the kept
-# pairs costs the same in both (at 10,000 MNIST digits the shortlisted graph took 0.67 of the
-# exact one's time: benchmarks/bench_neighbors.py).
-_AUTO_EXACT_WORK = 4000 * 36
-# The shortlist holds max(8 k, 64) candidates for k searched neighbours (twice the clusterer's
-# default): on 10,000 MNIST test digits rotated over the full circle (n_neighbors = 15, 36
-# angles) 64 candidates kept 0.943 of the exact top-15 and 128 kept 0.973, while the exact
-# search of the candidates is a small part of the time (benchmarks/bench_neighbors.py).
-_CANDIDATE_FACTOR = 2
+# The searches, their exact/shortlist threshold and the shortlist length (8 k here, twice the
+# clusterer's) are the engine's (invariant_cluster.search) and the memory policy's
+# (invariant_cluster._memory: AUTO_EXACT_WORK, GRAPH_CANDIDATE_FACTOR).
 # With refinement, the n_neighbors + 1 nearest keys on the grid (what the graph holds) are
 # refined and re-sorted. Refining twice as many and keeping the best changed 9% of the
 # neighbours of 1,000 rotated MNIST digits (k = 15) but the share of neighbours with the
@@ -65,7 +58,7 @@ def _csr(data, ind, n_fit):
     return A
 
 
-def _identity_check(Q, K, qi, ind, D, P, max_elements=1 << 24):
+def _identity_check(Q, K, qi, ind, D, P, max_elements=None):
     """Keep the identity where it is at least as close as the search's answer.
 
     Maintenance note: the identity is on every grid, but the grid distance
@@ -74,6 +67,8 @@ def _identity_check(Q, K, qi, ind, D, P, max_elements=1 << 24):
     plain residual ``||x - y||^2`` of each kept pair (chunked, ``O(max_elements)`` memory)
     restores exact zeros and never increases a distance.
     """
+    if max_elements is None:
+        max_elements = _memory.IDENTITY_CHECK_ELEMENTS
     n_q, kk = ind.shape
     flat_j = ind.reshape(-1)
     D = D.reshape(-1).clone()
@@ -88,8 +83,8 @@ def _identity_check(Q, K, qi, ind, D, P, max_elements=1 << 24):
     return D.reshape(n_q, kk), P.reshape(n_q, kk, 3)
 
 
-class InvariantKNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin,
-                                     BaseEstimator):
+class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin,
+                                     TransformerMixin, BaseEstimator):
     """Transform images into the sparse graph of their invariant k nearest neighbours.
 
     The graph has the contract of :class:`sklearn.neighbors.KNeighborsTransformer`, with the
@@ -190,19 +185,9 @@ class InvariantKNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, Transforme
     """
 
     _parameter_constraints: dict = {
+        **SE2SearchMixin._parameter_constraints,
+        **ENGINE_CONSTRAINTS,
         "mode": [StrOptions({"distance", "connectivity"})],
-        "n_neighbors": [Interval(numbers.Integral, 1, None, closed="left")],
-        "group": [StrOptions(set(GROUPS))],
-        "max_rotation": [Interval(numbers.Real, 0, None, closed="left")],
-        "n_rotations": [Interval(numbers.Integral, 1, None, closed="left")],
-        "max_translation": [Interval(numbers.Real, 0, None, closed="left")],
-        "refine": ["boolean"],
-        "neighbor_search": [StrOptions({"auto", "exact", "shortlist"})],
-        "n_candidates": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "image_shape": [tuple, list, None],
-        "device": [str, torch.device],
-        "batch_size": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "client": "no_validation",
     }
 
     def __init__(self, *, mode="distance", n_neighbors=5, group="se2", max_rotation=180.0,
@@ -222,25 +207,6 @@ class InvariantKNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, Transforme
         self.device = device
         self.batch_size = batch_size
         self.client = client
-
-    # ------------------------------------------------------------------ helpers
-    def _grid(self):
-        return make_search_grid(self.group, self.max_rotation, self.n_rotations,
-                                self.max_translation, self.refine)
-
-    def _validate(self, X, reset):
-        X2, shape = flatten_images(X, self.image_shape)
-        dims = tuple(getattr(X2, "shape", ()))
-        if len(dims) == 2 and dims[0] == 0:
-            raise ValueError(f"X: expected at least 1 sample, got shape {dims}")
-        X2 = validate_data(self, X2, reset=reset, dtype=[np.float32, np.float64])
-        if reset:
-            self.image_shape_ = shape or resolve_image_shape(X2.shape[1], self.image_shape)
-        elif shape is not None and tuple(shape) != tuple(self.image_shape_):
-            raise ValueError(
-                f"X: expected images of shape {tuple(self.image_shape_)} as in fit, got {shape}"
-            )
-        return X2
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=True)
@@ -266,11 +232,6 @@ class InvariantKNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, Transforme
         return self
 
     # ------------------------------------------------------------------ search
-    def _search_method(self, grid):
-        if self.neighbor_search != "auto":
-            return self.neighbor_search
-        return "exact" if self.n_samples_fit_ * grid.size <= _AUTO_EXACT_WORK else "shortlist"
-
     def _kneighbors(self, Q2, k, exclude_self):
         """``(dist, ind, tau)`` NumPy arrays of the ``k`` nearest fitted images of each row."""
         dev = resolve_device(self.device)
@@ -288,26 +249,13 @@ class InvariantKNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, Transforme
         # with k, distance with k + 1, kneighbors() without self)
         pool = max(k, self.n_neighbors + 1 - (1 if exclude_self else 0))
         k_search = min(n_avail, pool) if refine else k
-        method = self._search_method(grid)
+        n_cand = self.n_candidates
+        if n_cand is None:
+            n_cand = _memory.default_n_candidates(_memory.GRAPH_CANDIDATE_FACTOR * k_search, n_fit)
         with torch.no_grad():
-            if method == "exact" and self.client is None:
-                D, ind, P = grid_search(Q, K, grid, k=k_search, batch_size=self.batch_size,
-                                        exclude=exclude)
-            elif method == "exact":
-                from .neighbors import blocked_grid_search
-
-                D, ind, P = blocked_grid_search(Q, K, grid, k=k_search,
-                                                batch_size=self.batch_size, exclude=exclude,
-                                                client=self.client)
-            else:
-                from .neighbors import default_n_candidates, neighbor_search
-
-                n_cand = self.n_candidates
-                if n_cand is None:
-                    n_cand = default_n_candidates(_CANDIDATE_FACTOR * k_search, n_fit)
-                D, ind, P = neighbor_search(Q, K, grid, k=k_search, n_candidates=n_cand,
-                                            batch_size=self.batch_size, exclude=exclude,
-                                            client=self.client)
+            D, ind, P = knn_search(Q, K, grid, k_search, method=self.neighbor_search,
+                                   n_candidates=n_cand, batch_size=self.batch_size,
+                                   exclude=exclude, client=self.client)
             qi = torch.arange(n_q, device=dev).repeat_interleave(ind.shape[1])
             if refine and n_q:
                 d, p = refine_pairs(Q, K, qi, ind.reshape(-1), P.reshape(-1, 3), grid)
@@ -414,12 +362,7 @@ class InvariantKNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, Transforme
         return self.kneighbors_graph(X, mode=self.mode, n_neighbors=self.n_neighbors + add_one)
 
     def fit_transform(self, X, y=None):
-        """``fit(X).transform(X)``.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features), (n, H, W) or (n, C, H, W)
-        y : Ignored
+        """``fit(X).transform(X)``, for the ``X`` and ``y`` of :meth:`fit`.
 
         Returns
         -------

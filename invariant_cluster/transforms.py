@@ -2,7 +2,12 @@
 
 Convention
 ----------
-This module is the one place that fixes the convention, and the one place that calls kornia.
+This module is the one place that fixes the convention, the one place that calls kornia and the
+one place that calls ``torch.nn.functional.grid_sample``: every warp of the package (the search's
+rotated keys, the refinement, the attention's aligned keys, the means, the polar rings of the
+shortlist's descriptors) goes through :func:`fast_warp`, :func:`sample_images` or
+:func:`warp_se2`, which split their batches below the backends' limits (see
+:mod:`invariant_cluster._memory`).
 
 - A transformation is ``tau = (angle, tx, ty)``: ``angle`` in **degrees**, positive is
   **counter-clockwise as the image is displayed** (row 0 at the top), ``tx`` and ``ty`` in
@@ -27,6 +32,9 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+
+from . import _memory
 
 __all__ = [
     "warp_se2",
@@ -36,6 +44,24 @@ __all__ = [
     "rotation_grid",
     "translation_grid",
 ]
+
+
+def cos_sin(angle):
+    """``(cos, sin)`` of angles in degrees (arrays or tensors): the package's one unit change."""
+    lib = torch if isinstance(angle, torch.Tensor) else np
+    rad = angle * (math.pi / 180.0)
+    return lib.cos(rad), lib.sin(rad)
+
+
+def image_centre(height: int, width: int) -> tuple[float, float]:
+    """The rotation centre ``(cx, cy) = ((W - 1) / 2, (H - 1) / 2)`` in pixels."""
+    return (width - 1) / 2.0, (height - 1) / 2.0
+
+
+def normalised_scale(height: int, width: int) -> tuple[float, float]:
+    """``(sx, sy)`` such that pixel ``x`` is ``x sx - 1`` in ``grid_sample``'s coordinates
+    (``align_corners=True``: pixel centres 0 and ``W - 1`` are -1 and 1)."""
+    return 2.0 / max(width - 1, 1), 2.0 / max(height - 1, 1)
 
 
 def se2_matrices(params: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -52,10 +78,8 @@ def se2_matrices(params: torch.Tensor, height: int, width: int) -> torch.Tensor:
     >>> [[round(v, 6) + 0.0 for v in row] for row in M[0].tolist()]
     [[0.0, 1.0, 0.0], [-1.0, 0.0, 4.0]]
     """
-    angle = params[:, 0] * (math.pi / 180.0)
-    cos, sin = torch.cos(angle), torch.sin(angle)
-    cx = (width - 1) / 2.0
-    cy = (height - 1) / 2.0
+    cos, sin = cos_sin(params[:, 0])
+    cx, cy = image_centre(height, width)
     tx = params[:, 1] + cx - (cos * cx + sin * cy)
     ty = params[:, 2] + cy - (-sin * cx + cos * cy)
     row0 = torch.stack([cos, sin, tx], dim=-1)
@@ -127,8 +151,11 @@ def warp_se2(images, params):
     if n == 0:
         out = x
     else:
-        out = warp_affine(x, se2_matrices(p, h, w), (h, w), mode="bilinear",
-                          padding_mode="zeros", align_corners=True)
+        M = se2_matrices(p, h, w)
+        step = _batch_step(x[0].numel() + 2 * h * w)
+        out = torch.cat([warp_affine(x[i:i + step], M[i:i + step], (h, w), mode="bilinear",
+                                     padding_mode="zeros", align_corners=True)
+                         for i in range(0, n, step)])
     if squeeze:
         out = out.squeeze(1)
     return out.detach().cpu().numpy() if is_numpy else out
@@ -146,8 +173,7 @@ def compose_se2(a, b):
     [90.0, 0.0, -1.0]
     """
     lib = torch if isinstance(a, torch.Tensor) else np
-    ang = a[..., 0] * (math.pi / 180.0)
-    cos, sin = lib.cos(ang), lib.sin(ang)
+    cos, sin = cos_sin(a[..., 0])
     tx = cos * b[..., 1] + sin * b[..., 2] + a[..., 1]
     ty = -sin * b[..., 1] + cos * b[..., 2] + a[..., 2]
     return lib.stack([wrap_degrees(a[..., 0] + b[..., 0]), tx, ty], -1)
@@ -165,8 +191,7 @@ def invert_se2(a):
     True
     """
     lib = torch if isinstance(a, torch.Tensor) else np
-    ang = a[..., 0] * (math.pi / 180.0)
-    cos, sin = lib.cos(ang), lib.sin(ang)
+    cos, sin = cos_sin(a[..., 0])
     # R^-1 = R^T = [[cos, -sin], [sin, cos]]
     tx = -(cos * a[..., 1] - sin * a[..., 2])
     ty = -(sin * a[..., 1] + cos * a[..., 2])
@@ -223,3 +248,118 @@ def translation_grid(max_translation: float) -> np.ndarray:
     grid = np.stack(np.meshgrid(r, r, indexing="xy"), -1).reshape(-1, 2).astype(np.float64)
     order = np.argsort(np.abs(grid).sum(1), kind="stable")
     return grid[order]
+
+
+# ----------------------------------------------------------------------------- fast warps
+def _batch_step(per_image: int) -> int:
+    """Images per ``grid_sample`` call: below cuDNN's batch limit and 32-bit indexing."""
+    return int(max(1, min(_memory.GRID_SAMPLE_MAX_BATCH,
+                          _memory.INDEX_LIMIT // max(1, int(per_image)))))
+
+
+def sample_images(images: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """Bilinear, zero-padded sampling (``align_corners=True``) of ``(B, C, H, W)`` images at a
+    ``(B, H', W', 2)`` grid of normalised coordinates: ``grid_sample``, in calls of at most
+    ``_memory.GRID_SAMPLE_MAX_BATCH`` images and fewer than ``2**31`` elements each."""
+    n = images.shape[0]
+    c, ho, wo = images.shape[1], grid.shape[1], grid.shape[2]
+    step = _batch_step(max(images[0].numel(), grid[0].numel(), c * ho * wo))
+    kw = dict(mode="bilinear", padding_mode="zeros", align_corners=True)
+    if n <= step:
+        return F.grid_sample(images, grid, **kw)
+    return torch.cat([F.grid_sample(images[i:i + step], grid[i:i + step], **kw)
+                      for i in range(0, n, step)])
+
+
+def sampling_grid(params: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Sampling grid ``(B, H, W, 2)`` in normalised coordinates for SE(2) ``params`` ``(B, 3)``.
+
+    Maintenance note: this is the inverse map of :func:`se2_matrices` (destination ``u`` ->
+    source ``R^-1 (u - c - t) + c``) folded with the normalisation into one ``(B, 2, 3)`` matrix,
+    then applied to all pixels as ONE ``(HW, 3) @ (3, 2B)`` product. kornia's ``warp_affine``
+    (like ``F.affine_grid``) does a batched ``3 x 3`` product per image, which costs ~90% of a
+    small-image warp on CPU; ``tests/test_alignment.py`` pins this path to kornia's.
+    """
+    dtype, device = params.dtype, params.device
+    n = params.shape[0]
+    cos, sin = cos_sin(params[:, 0])
+    cx, cy = image_centre(height, width)
+    sx, sy = normalised_scale(height, width)
+    ox, oy = cx + params[:, 1], cy + params[:, 2]
+    bx = (-cos * ox + sin * oy + cx) * sx - 1.0
+    by = (-sin * ox - cos * oy + cy) * sy - 1.0
+    theta = torch.stack([torch.stack([cos * sx, -sin * sx, bx], 0),
+                         torch.stack([sin * sy, cos * sy, by], 0)], 1)  # (3, 2, B)
+    ys, xs = torch.meshgrid(torch.arange(height, dtype=dtype, device=device),
+                            torch.arange(width, dtype=dtype, device=device), indexing="ij")
+    base = torch.stack([xs.reshape(-1), ys.reshape(-1), torch.ones_like(xs).reshape(-1)], 1)
+    grid = base @ theta.permute(0, 2, 1).reshape(3, n * 2)  # (HW, B * 2)
+    return grid.reshape(height, width, n, 2).permute(2, 0, 1, 3)
+
+
+def fast_warp(images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """:func:`warp_se2` for ``(B, C, H, W)`` tensors, same convention, bilinear, zero padding.
+
+    No input checks and no kornia: the warp of the search, the refinement and the iterations.
+    Batches are split below the backends' limits (:func:`sample_images`).
+    """
+    b, _, h, w = images.shape
+    if b == 0:
+        return images
+    step = _batch_step(max(images[0].numel(), 2 * h * w))
+    out = [sample_images(images[i:i + step], sampling_grid(params[i:i + step].to(images.dtype),
+                                                            h, w))
+           for i in range(0, b, step)]
+    return out[0] if len(out) == 1 else torch.cat(out)
+
+
+def warp_jacobian(warped: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """``d fast_warp(y, tau) / d tau`` from the warped image's gradient: ``(P, C H W, 3)``.
+
+    The rotation velocity field: content at ``u`` moves with velocity ``(1, 0)``/``(0, 1)`` per
+    pixel of ``tx``/``ty`` and ``G (u - c - t) * pi / 180`` per degree, ``G w = (w_y, -w_x)``
+    (counter-clockwise as displayed, y down), so ``d (T y)(u) = -grad(T y)(u) . velocity``.
+    Gradients are central differences (zero on the border rows and columns).
+    """
+    P, C, H, Wd = warped.shape
+    gx = torch.zeros_like(warped)
+    gy = torch.zeros_like(warped)
+    gx[..., 1:-1] = 0.5 * (warped[..., 2:] - warped[..., :-2])
+    gy[..., 1:-1, :] = 0.5 * (warped[..., 2:, :] - warped[..., :-2, :])
+    cx, cy = image_centre(H, Wd)
+    ys = torch.arange(H, dtype=warped.dtype, device=warped.device)[None, None, :, None]
+    xs = torch.arange(Wd, dtype=warped.dtype, device=warped.device)[None, None, None, :]
+    wx = xs - cx - params[:, 1, None, None, None]
+    wy = ys - cy - params[:, 2, None, None, None]
+    d_ang = -(gx * wy - gy * wx) * (math.pi / 180.0)
+    return torch.stack([d_ang.reshape(P, -1), -gx.reshape(P, -1), -gy.reshape(P, -1)], -1)
+
+
+# ----------------------------------------------------------------------------- polar sampling
+def polar_grid(centres: torch.Tensor, radii: torch.Tensor, n_angular: int, height: int,
+               width: int) -> torch.Tensor:
+    """Normalised sampling grid ``(n, U * nr, A, 2)`` of rings about ``centres`` ``(n, U, 2)``.
+
+    Sample ``a`` of ring ``r`` is at ``centre + radii[r] (cos phi_a, sin phi_a)`` pixels with
+    ``phi_a = 2 pi a / A``: with y pointing down, ``phi`` grows clockwise as displayed, so a
+    counter-clockwise rotation by ``theta`` shifts each ring's samples by ``+theta`` and
+    multiplies angular frequency ``m`` by :func:`rotation_phases`.
+    """
+    n, U = centres.shape[:2]
+    phi = torch.arange(n_angular, dtype=radii.dtype, device=radii.device) * (
+        2.0 * math.pi / n_angular)
+    offx = radii[:, None] * torch.cos(phi)[None]  # (nr, A)
+    offy = radii[:, None] * torch.sin(phi)[None]
+    sx, sy = normalised_scale(height, width)
+    gx = (centres[:, :, 0, None, None] + offx) * sx - 1.0  # (n, U, nr, A)
+    gy = (centres[:, :, 1, None, None] + offy) * sy - 1.0
+    return torch.stack([gx, gy], -1).reshape(n, U * radii.shape[0], n_angular, 2)
+
+
+def rotation_phases(angles: torch.Tensor, n_frequencies: int) -> torch.Tensor:
+    """``exp(i m theta)``, ``(V, M)`` complex: how a rotation by ``angles`` (degrees,
+    counter-clockwise) acts on the angular frequencies ``m < M`` of :func:`polar_grid`'s rings."""
+    m = torch.arange(n_frequencies, dtype=angles.dtype, device=angles.device)
+    return torch.polar(torch.ones((angles.shape[0], n_frequencies), dtype=angles.dtype,
+                                  device=angles.device),
+                       angles[:, None] * (math.pi / 180.0) * m[None])

@@ -1,0 +1,71 @@
+"""What the three estimators that search on SE(2) share: parameters, the grid, input checks.
+
+As scikit-learn's ``KNeighborsTransformer`` inherits ``NeighborsBase._parameter_constraints``,
+:class:`~invariant_cluster.InvariantAttentionClusterer`,
+:class:`~invariant_cluster.InvariantKNeighborsTransformer` and
+:class:`~invariant_cluster.KernelPCAAttention` take their common constraints, ``_grid`` and
+``_validate`` from :class:`SE2SearchMixin`.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import validate_data
+
+from ._utils import flatten_images, resolve_image_shape
+from .search import GROUPS, make_search_grid
+
+# every estimator that searches on the grid
+SEARCH_CONSTRAINTS = {
+    "group": [StrOptions(set(GROUPS))],
+    "max_rotation": [Interval(numbers.Real, 0, None, closed="left")],
+    "n_rotations": [Interval(numbers.Integral, 1, None, closed="left")],
+    "max_translation": [Interval(numbers.Real, 0, None, closed="left")],
+    "n_neighbors": [Interval(numbers.Integral, 1, None, closed="left")],
+    "n_candidates": [Interval(numbers.Integral, 1, None, closed="left"), None],
+    "image_shape": [tuple, list, None],
+    "device": [str, torch.device],
+}
+# the estimators whose search the user steers (exact or shortlist, blocks, Dask, refinement)
+ENGINE_CONSTRAINTS = {
+    "refine": ["boolean"],
+    "neighbor_search": [StrOptions({"auto", "exact", "shortlist"})],
+    "batch_size": [Interval(numbers.Integral, 1, None, closed="left"), None],
+    "client": "no_validation",
+}
+
+
+class SE2SearchMixin:
+    """``_parameter_constraints``, ``_grid`` and ``_validate`` of the SE(2) estimators."""
+
+    _parameter_constraints: dict = dict(SEARCH_CONSTRAINTS)
+    # the fewest samples ``fit`` accepts
+    _min_fit_samples = 1
+
+    def _grid(self, refine=True):
+        """The validated :class:`~invariant_cluster.alignment.SearchGrid` of the parameters;
+        ``refine=False`` leaves the refinement out whatever ``self.refine`` says."""
+        return make_search_grid(self.group, self.max_rotation, self.n_rotations,
+                                self.max_translation, refine and getattr(self, "refine", False))
+
+    def _validate(self, X, reset):
+        """Flat float rows of ``X`` (images folded with ``image_shape``); sets ``image_shape_``
+        in ``fit`` and checks it afterwards."""
+        X2, shape = flatten_images(X, self.image_shape)
+        dims = tuple(getattr(X2, "shape", ()))
+        if len(dims) == 2 and dims[0] == 0:
+            raise ValueError(f"X: expected at least 1 sample, got 0 samples (shape {dims})")
+        # integers (uint8 images) become float32; float64 stays float64
+        X2 = validate_data(self, X2, reset=reset, dtype=[np.float32, np.float64],
+                           ensure_min_samples=self._min_fit_samples if reset else 1)
+        if reset:
+            self.image_shape_ = shape or resolve_image_shape(X2.shape[1], self.image_shape)
+        elif shape is not None and tuple(shape) != tuple(self.image_shape_):
+            raise ValueError(
+                f"X: expected images of shape {tuple(self.image_shape_)} as in fit, got {shape}"
+            )
+        return X2

@@ -1,0 +1,53 @@
+"""The alignment search engine: one block kernel, the searches built on it, the refinement.
+
+Layers, bottom up (each module imports only those above it in this list):
+
+- :mod:`.grid`: :class:`SearchGrid` (angles, integer shifts, bounds) and its decode of grid
+  points into parameters;
+- :mod:`.kernel`: the block kernel (scores -> distances -> min over the grid -> exclude ->
+  top-``k`` merge) and the exact all-pairs search, local or on Dask blocks;
+- :mod:`.candidates`: the exact search restricted to candidate keys;
+- :mod:`.descriptors` and :mod:`.shortlist`: the descriptor shortlist and ``neighbor_search``;
+- :mod:`.refine`: the continuous refinement of grid alignments;
+- :mod:`.dispatch`: ``exact | shortlist | auto``, the one entry of the estimators' kNN searches.
+
+Every warp goes through :mod:`invariant_cluster.transforms`; every block size and threshold
+comes from :mod:`invariant_cluster._memory`.
+"""
+
+from .candidates import candidate_search
+from .descriptors import invariant_descriptors, steerable_descriptors
+from .dispatch import knn_search
+from .grid import GROUPS, SearchGrid, make_search_grid
+from .kernel import (
+    blocked_grid_search,
+    grid_search,
+    shift_energies,
+    shift_images,
+    shift_margin,
+    warp_keys,
+)
+from .refine import all_pairs, refine_alignments, refine_pairs
+from .shortlist import neighbor_search, shortlist, shortlist_descriptors
+
+__all__ = [
+    "GROUPS",
+    "SearchGrid",
+    "make_search_grid",
+    "grid_search",
+    "blocked_grid_search",
+    "candidate_search",
+    "invariant_descriptors",
+    "steerable_descriptors",
+    "shortlist",
+    "shortlist_descriptors",
+    "neighbor_search",
+    "knn_search",
+    "refine_alignments",
+    "refine_pairs",
+    "all_pairs",
+    "warp_keys",
+    "shift_images",
+    "shift_energies",
+    "shift_margin",
+]

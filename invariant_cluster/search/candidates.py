@@ -1,0 +1,182 @@
+"""The exact grid search restricted to each query's candidate keys, organised by key."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import _memory
+from .._dask import blocked_map
+from .grid import SearchGrid, check_int
+from .kernel import grid_min, mask_excluded, merge_topk, shift_energies, shift_margin, warp_keys
+
+__all__ = ["candidate_search"]
+
+
+def _key_block(block, X, xsq, shifts, angles):
+    """Exact grid search of one block of keys against the queries that list them (a dask task).
+
+    ``block = (Yb, qidx)``: ``kb`` key images and, per key, the indices of the queries that have
+    it as a candidate, padded with -1 to ``(kb, m)``. Returns ``(dist, arg)`` of shape
+    ``(kb, m)``, ``arg = r * S + s`` the best grid point (first minimum in that order).
+    """
+    Yb, qidx = block
+    kb = qidx.shape[0]
+    shape = tuple(Yb.shape[1:])
+    nf = Yb[0].numel()
+    S, R = len(shifts), angles.shape[0]
+    c, h, w = shape
+    pad = shift_margin(shifts)
+    Kw = warp_keys(Yb, angles, pad=pad)  # (kb, R, canvas): rotated onto a padded canvas
+    if pad == 0:
+        Z = Kw
+        E = shift_energies(Kw, shifts, shape).reshape(kb, 1, R * S)  # ||T_r y||^2
+        cols = None
+    else:
+        # <P_(m - t) x, Z> = <x, the H x W window of Z at offset m - t>: the shifts are crops of
+        # the key's canvas and the gathered queries stay H x W. All (2m + 1)^2 windows are copied
+        # in their natural order (one contiguous copy, faster than a gather), and the score
+        # columns are put in grid order afterwards.
+        P = 2 * pad + 1
+        win = Kw.reshape(kb, R, c, h + 2 * pad, w + 2 * pad).unfold(3, h, 1).unfold(4, w, 1)
+        Z = win.permute(0, 1, 3, 4, 2, 5, 6).reshape(kb, R * P * P, nf)
+        off = torch.as_tensor((pad - shifts[:, 1]) * P + (pad - shifts[:, 0]), device=Kw.device)
+        cols = (torch.arange(R, device=Kw.device)[:, None] * (P * P) + off[None]).reshape(-1)
+        E = (Z * Z).sum(2)[:, None, cols]  # ||T_(r, s) y||^2, the energy in the window
+    qi = qidx.clamp(min=0)
+    Xg = X.reshape(X.shape[0], nf)[qi]  # (kb, m, F): the queries of every key
+    scores = torch.bmm(Xg, Z.transpose(1, 2))  # (kb, m, R * S) or (kb, m, R * P * P)
+    if cols is not None:
+        scores = scores[..., cols]
+    dist, arg = grid_min(scores, E, xsq[qi][..., None])
+    dist[qidx < 0] = math.inf
+    return dist, arg
+
+
+def _key_blocks(counts: torch.Tensor, per_key: int, per_pair: int, budget: int, batch_size):
+    """Split the keys (ascending in-degree) into blocks of bounded padded size."""
+    order = torch.argsort(counts, stable=True)
+    order = order[counts[order] > 0].tolist()
+    cnt = counts.tolist()
+    blocks, cur = [], []
+    for j in order:  # m grows along ``order``: the block's padded width is the last count
+        size = (len(cur) + 1) * (per_key + cnt[j] * per_pair)
+        if cur and ((batch_size is not None and len(cur) >= batch_size)
+                    or (batch_size is None and size > budget)):
+            blocks.append(cur)
+            cur = []
+        cur.append(j)
+    if cur:
+        blocks.append(cur)
+    return blocks
+
+
+def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
+                     grid: SearchGrid, *, k=None, batch_size=None, exclude=None, client=None):
+    """The exact grid search of :func:`~invariant_cluster.alignment.grid_search`, restricted to
+    each query's candidate keys.
+
+    The work is organised by KEY: every key is warped once per grid angle (``warp_keys``, block
+    by block), shifted by every integer shift, and compared with all the queries that list it
+    in ONE batched product ``(kb, m, F) @ (kb, F, R S)`` (``m`` the queries per key, padded
+    within a block of keys of similar in-degree). Energies ``||S_t T_r y||^2`` come from
+    ``shift_energies`` and the distance is ``||x||^2 + ||S_t T_r y||^2 - 2 <x, S_t T_r y>``,
+    as in ``grid_search`` (the same kernel, :func:`~invariant_cluster.search.kernel.grid_min`).
+    Memory is bounded by the key blocks.
+
+    Parameters
+    ----------
+    X : torch.Tensor of shape (n_x, C, H, W)
+        Queries.
+    Y : torch.Tensor of shape (n_y, C, H, W)
+        Keys, same device (cast to ``X``'s dtype).
+    candidates : torch.Tensor of shape (n_x, c), long
+        Distinct key indices per query (e.g. from :func:`shortlist`).
+    grid : SearchGrid
+    k : int, optional
+        Keep the ``k`` nearest candidates (None: all ``c``), sorted ascending.
+    batch_size : int, optional
+        Keys per block (None: sized from the memory budget).
+    exclude : torch.Tensor of shape (n_x,), optional
+        A key index to leave out for each query (its own index when ``X is Y``).
+    client : dask.distributed.Client, optional
+        Run the key blocks as dask tasks (see :mod:`invariant_cluster._dask`); None runs them
+        here unless joblib's dask backend is active. Results are identical either way.
+
+    Returns
+    -------
+    dist : torch.Tensor of shape (n_x, k)
+        Squared distances at the best grid point (clamped at 0), ascending; ``inf`` where
+        ``exclude`` removed a candidate and fewer than ``k`` remained.
+    index : torch.Tensor of shape (n_x, k), long
+        Key indices.
+    params : torch.Tensor of shape (n_x, k, 3)
+        ``(angle, tx, ty)`` that warps the key onto the query.
+
+    Notes
+    -----
+    Why by key: gathering each query's ``c`` candidates' ``R`` warps would move ``c R F`` values
+    per query through memory (slower, measured, than the dense all-pairs product at
+    ``n = 2000``); gathering each key's queries moves ``F`` values per pair and keeps the
+    products dense. ``<S_-t x, z> = <x, S_t z>`` holds exactly with zero padding, so shifting
+    the key instead of the query changes only the order of the summation (round-off).
+    """
+    if X.ndim != 4 or Y.ndim != 4 or X.shape[1:] != Y.shape[1:]:
+        raise ValueError(f"X, Y: expected (n, C, H, W) tensors of the same image shape, got "
+                         f"{tuple(X.shape)} and {tuple(Y.shape)}")
+    n_x, n_y = X.shape[0], Y.shape[0]
+    if candidates.ndim != 2 or candidates.shape[0] != n_x:
+        raise ValueError(f"candidates: expected shape ({n_x}, c), got {tuple(candidates.shape)}")
+    k = check_int(k, "k", 1, allow_none=True)
+    batch_size = check_int(batch_size, "batch_size", 1, allow_none=True)
+    device, dtype = X.device, X.dtype
+    Y = Y.to(device=device, dtype=dtype)
+    candidates = candidates.to(device=device, dtype=torch.long)
+    if candidates.numel() and (int(candidates.min()) < 0 or int(candidates.max()) >= n_y):
+        raise ValueError(f"candidates: expected key indices in [0, {n_y}), got values in "
+                         f"[{int(candidates.min())}, {int(candidates.max())}]")
+    c = candidates.shape[1]
+    angles = torch.as_tensor(grid.angles, dtype=dtype, device=device)
+    R, S = len(grid.angles), len(grid.shifts)
+    nf = X[0].numel()
+    es = X.element_size()
+    kk = c if k is None else min(k, c)
+    _memory.check_fits(n_x * c * (2 * es + 2 * 8) + n_x * kk * (4 * es + 8), device,
+                       "the candidate lists and their distances", hint="use fewer n_candidates")
+    # per key: its warps on the padded canvas, their crops (R S F) and energies; per (key,
+    # query) pair: the gathered query (F) and the scores (R S, twice)
+    m = shift_margin(grid.shifts)
+    canvas = X.shape[1] * (X.shape[2] + 2 * m) * (X.shape[3] + 2 * m)
+    per_key, per_pair = R * (2 * canvas + S * nf + 2 * S), nf + 3 * R * S
+    budget = _memory.block_elements(device, es)
+    _memory.check_fits((per_key + per_pair) * es, device, "the search of a single key",
+                       hint="use a smaller grid (n_rotations, max_translation) or smaller images")
+    flat = candidates.reshape(-1)
+    counts = torch.bincount(flat, minlength=n_y)
+    order = torch.argsort(flat, stable=True)  # pairs grouped by key, queries ascending
+    starts = torch.cumsum(counts, 0) - counts
+    query_of_pair = order // c
+    blocks, pair_ids = [], []
+    for keys in _key_blocks(counts.cpu(), per_key, per_pair, budget, batch_size):
+        kt = torch.as_tensor(keys, device=device)
+        cnt = counts[kt]
+        slot = torch.arange(int(cnt.max()), device=device)
+        pos = starts[kt, None] + slot[None]  # (kb, m) positions in ``order``
+        valid = slot[None] < cnt[:, None]
+        pos = torch.where(valid, pos, torch.zeros_like(pos))
+        blocks.append((Y[kt], torch.where(valid, query_of_pair[pos], -1)))
+        pair_ids.append(torch.where(valid, order[pos], -1))
+    xsq = (X.reshape(n_x, -1) ** 2).sum(1)
+    results = blocked_map(_key_block, blocks, shared=(X, xsq, grid.shifts, angles),
+                          client=client)
+    dist_all = torch.full((n_x * c,), math.inf, dtype=dtype, device=device)
+    arg_all = torch.zeros((n_x * c,), dtype=torch.long, device=device)
+    for (d, a), pid in zip(results, pair_ids):
+        ok = pid >= 0
+        dist_all[pid[ok]] = d.to(device)[ok]
+        arg_all[pid[ok]] = a.to(device)[ok]
+    dist_all = mask_excluded(dist_all.reshape(n_x, c), candidates,
+                             None if exclude is None else exclude.to(device))
+    dist, index, best = merge_topk(None, dist_all, candidates, arg_all.reshape(n_x, c), kk)
+    return dist, index, grid.decode(best, X)

@@ -1,0 +1,281 @@
+"""The block kernel of every search, and the exact all-pairs search built on it.
+
+One block of the search compares queries with keys warped by every grid transformation:
+scores (one matrix product) -> distances ``||x||^2 + ||T y||^2 - 2 <x, T y>`` -> min over the grid
+(:func:`grid_min`) -> the excluded pairs set to ``inf`` (:func:`mask_excluded`) -> merged into a
+running top-``k`` (:func:`merge_topk`) -> grid points decoded into parameters
+(:meth:`SearchGrid.decode`). The exact all-pairs search (:func:`grid_search`), its Dask twin
+(:func:`blocked_grid_search`), the candidate search (:mod:`.candidates`) and the descriptor
+shortlist (:mod:`.shortlist`) are loops over blocks around these four steps.
+
+Integer translations are moved onto the queries: each rotated key lives on a canvas with a
+margin of ``max |shift|`` pixels, and ``<x, T y> = <P_(m-t) x, Z>`` exactly, so each query is
+placed ``S`` times on a zero canvas (:func:`shift_images`) and all inner products of a block are
+ONE matrix product ``(b S, F) @ (F, c R)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import _memory
+from .._dask import blocked_map
+from ..transforms import fast_warp
+from .grid import SearchGrid, check_int
+
+__all__ = ["grid_search", "blocked_grid_search"]
+
+
+# ----------------------------------------------------------------------------- the kernel
+def grid_min(scores: torch.Tensor, key_energy, query_energy, *, return_arg=True):
+    """Distances at every grid point from inner products, minimised over the grid.
+
+    ``scores`` ``(b, c, *grid)`` (any strides; overwritten), ``key_energy`` ``||T y||^2`` and
+    ``query_energy`` ``||x||^2`` broadcastable to it. Returns ``dist`` ``(b, c)`` clamped at 0
+    and (``return_arg``) ``arg`` ``(b, c)``, the first best grid point in C order of ``*grid``.
+    """
+    d = scores.mul_(-2.0).add_(key_energy).add_(query_energy)
+    if not return_arg:
+        return d.amin(dim=tuple(range(2, d.ndim))).clamp_(min=0.0), None
+    dist, arg = d.flatten(2).min(2)
+    return dist.clamp_(min=0.0), arg
+
+
+def mask_excluded(dist: torch.Tensor, keys: torch.Tensor, exclude) -> torch.Tensor:
+    """Set ``dist[i, j] = inf`` where the key index of column ``j`` is ``exclude[i]``."""
+    if exclude is not None:
+        dist.masked_fill_(keys == exclude[:, None], math.inf)
+    return dist
+
+
+def merge_topk(best, dist, index, arg, k):
+    """The ``k`` smallest of a running ``best = (dist, index, arg)`` (or None) and a new block."""
+    if best is not None:
+        dist = torch.cat([best[0], dist], 1)
+        index = torch.cat([best[1], index], 1)
+        arg = None if arg is None else torch.cat([best[2], arg], 1)
+    top, pos = torch.topk(dist, min(k, dist.shape[1]), dim=1, largest=False, sorted=True)
+    return top, index.gather(1, pos), None if arg is None else arg.gather(1, pos)
+
+
+def block_distances(Q: torch.Tensor, xsq: torch.Tensor, Kw: torch.Tensor, E: torch.Tensor):
+    """The kernel's first steps for ``b`` shifted queries against ``c`` warped keys.
+
+    ``Q`` ``(b, S, F)`` from :func:`shift_images`, ``xsq`` ``(b,)``, ``Kw`` ``(c, R, F)`` from
+    :func:`warp_keys`, ``E`` ``(c, R, S)`` from :func:`shift_energies`. Returns ``(dist, arg)``
+    ``(b, c)`` with ``arg = r * S + s``.
+    """
+    b, S, nf = Q.shape
+    c, R = Kw.shape[:2]
+    scores = (Q.reshape(b * S, nf) @ Kw.reshape(c * R, nf).T).reshape(b, S, c, R)
+    return grid_min(scores.permute(0, 2, 3, 1), E[None], xsq[:, None, None, None])
+
+
+# ----------------------------------------------------------------------------- the canvas
+def shift_margin(shifts: np.ndarray) -> int:
+    """The canvas margin ``m = max |shift|`` that the shifted search needs."""
+    return int(np.abs(shifts).max()) if len(shifts) else 0
+
+
+def warp_keys(Y: torch.Tensor, angles: torch.Tensor, pad: int = 0) -> torch.Tensor:
+    """Every image rotated by every angle onto a canvas with a margin of ``pad`` pixels.
+
+    ``(n, C, H, W) -> (n, R, C (H + 2 pad) (W + 2 pad))``. The rotation is about the image's own
+    centre (the canvas is padded symmetrically), and what a rotation moves outside ``H x W`` but
+    inside the margin is kept, so that a later shift by at most ``pad`` pixels brings it back
+    exactly as one ``warp_se2`` with the composed transformation would.
+    """
+    if pad:
+        Y = F.pad(Y, (pad, pad, pad, pad))
+    n = Y.shape[0]
+    R = angles.shape[0]
+    out = torch.empty((n, R, Y[0].numel()), dtype=Y.dtype, device=Y.device)
+    for r in range(R):  # a loop over the (few) angles, each one batched warp of all keys
+        if float(angles[r]) == 0.0:
+            out[:, r] = Y.reshape(n, -1)
+        else:
+            p = torch.zeros((n, 3), dtype=Y.dtype, device=Y.device)
+            p[:, 0] = angles[r]
+            out[:, r] = fast_warp(Y, p).reshape(n, -1)
+    return out
+
+
+def shift_images(X: torch.Tensor, shifts: np.ndarray) -> torch.Tensor:
+    """Each query placed on the search canvas once per shift: ``(b, S, C (H+2m) (W+2m))``.
+
+    Maintenance note: with ``Z`` a key rotated onto the canvas (margin ``m``, see
+    :func:`warp_keys`), ``warp_se2(y, (angle, t))(u) = Z(u + m - t)`` exactly (``t = (tx, ty)``,
+    ``tx`` along columns, ``ty`` along rows), so ``<x, T y> = <P_(m - t) x, Z>`` where ``P_o``
+    places ``x`` at offset ``o`` of a zero canvas. Moving the shift onto the query keeps all
+    shifts and angles in ONE matrix product.
+    """
+    b, c, h, w = X.shape
+    m = shift_margin(shifts)
+    if m == 0:
+        return X.reshape(b, 1, -1)
+    out = X.new_zeros((b, len(shifts), c, h + 2 * m, w + 2 * m))
+    for s, (tx, ty) in enumerate(shifts):
+        out[:, s, :, m - ty:m - ty + h, m - tx:m - tx + w] = X
+    return out.reshape(b, len(shifts), -1)
+
+
+def shift_energies(Kw: torch.Tensor, shifts: np.ndarray, shape) -> torch.Tensor:
+    """``||T y||^2`` per grid point: the energy of the canvas ``Z`` in the ``H x W`` window at
+    offset ``m - t`` (what the shift brings into the frame). ``Kw`` from :func:`warp_keys` with
+    ``pad = m``; ``shape`` is the original ``(C, H, W)``; returns ``(n, R, S)``."""
+    c, h, w = shape
+    m = shift_margin(shifts)
+    sq = (Kw * Kw).reshape(*Kw.shape[:2], c, h + 2 * m, w + 2 * m).sum(2)  # (n, R, Hp, Wp)
+    out = [sq[:, :, m - ty:m - ty + h, m - tx:m - tx + w].sum((-1, -2)) for tx, ty in shifts]
+    return torch.stack(out, -1)
+
+
+def _warped_chunk(Y: torch.Tensor, grid: SearchGrid):
+    """Keys warped onto the canvas, and their energies: ``(c, R, F)``, ``(c, R, S)``."""
+    angles = torch.as_tensor(grid.angles, dtype=Y.dtype, device=Y.device)
+    Kw = warp_keys(Y, angles, pad=shift_margin(grid.shifts))
+    return Kw, shift_energies(Kw, grid.shifts, tuple(Y.shape[1:]))
+
+
+def _sizes(X: torch.Tensor, n_y: int, grid: SearchGrid, batch_size, budget: int):
+    """``(key_chunk, query_block)``: warped keys of a chunk, and a block's scores, ~ budget."""
+    m = shift_margin(grid.shifts)
+    canvas = X.shape[1] * (X.shape[2] + 2 * m) * (X.shape[3] + 2 * m)
+    R, S = len(grid.angles), len(grid.shifts)
+    key_chunk = int(max(1, min(n_y, budget // max(1, R * canvas))))
+    if batch_size is None:
+        batch_size = int(max(1, min(_memory.MAX_QUERIES_PER_BLOCK,
+                                    budget // max(1, S * key_chunk * R))))
+    return key_chunk, int(batch_size)
+
+
+# ----------------------------------------------------------------------------- exact search
+def grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k=None,
+                batch_size=None, exclude=None):
+    """Best grid transformation of every key onto every query.
+
+    Parameters
+    ----------
+    X : torch.Tensor of shape (n_x, C, H, W)
+        Queries.
+    Y : torch.Tensor of shape (n_y, C, H, W)
+        Keys, on the same device and dtype.
+    grid : SearchGrid
+    k : int or None
+        None returns the full ``(n_x, n_y)`` matrices; an int keeps, per query, the ``k``
+        smallest distances (streaming, memory ``O(n_x k)``), sorted ascending.
+    batch_size : int or None
+        Queries per block (None: sized from ``_memory.SCORE_BLOCK_ELEMENTS``).
+    exclude : torch.Tensor of shape (n_x,) or None
+        Key index to leave out for each query (its own index when ``X is Y``).
+
+    Returns
+    -------
+    dist : (n_x, n_y) or (n_x, k) tensor of squared distances (clamped at 0)
+    index : (n_x, k) long tensor of key indices (only when ``k`` is given)
+    params : (n_x, n_y, 3) or (n_x, k, 3) tensor of the best grid transformation (angle, tx, ty)
+        that warps the key onto the query
+    """
+    n_x, n_y = X.shape[0], Y.shape[0]
+    device = X.device
+    xsq = (X.reshape(n_x, -1) ** 2).sum(1)
+    if k is None:
+        dist = X.new_empty((n_x, n_y))
+        best = torch.empty((n_x, n_y), dtype=torch.long, device=device)
+    else:
+        k = int(min(k, n_y - (1 if exclude is not None else 0)))
+        tops = [None] * n_x  # running top-k per query block, keyed by its first row
+    kc, qb = _sizes(X, n_y, grid, batch_size, _memory.SCORE_BLOCK_ELEMENTS)
+    for k0 in range(0, n_y, kc):
+        Kw, E = _warped_chunk(Y[k0:k0 + kc], grid)
+        keys = torch.arange(k0, k0 + Kw.shape[0], device=device)
+        for q0 in range(0, n_x, qb):
+            Q = shift_images(X[q0:q0 + qb], grid.shifts)
+            dmin, arg = block_distances(Q, xsq[q0:q0 + qb], Kw, E)
+            ex = None if exclude is None else exclude[q0:q0 + qb]
+            mask_excluded(dmin, keys, ex)
+            if k is None:
+                dist[q0:q0 + qb, k0:k0 + kc] = dmin
+                best[q0:q0 + qb, k0:k0 + kc] = arg
+            else:
+                tops[q0] = merge_topk(tops[q0], dmin, keys.expand_as(dmin), arg, k)
+    if k is None:
+        return dist, grid.decode(best, X)
+    if n_x == 0 or n_y == 0:
+        return (X.new_zeros((n_x, 0)), torch.zeros((n_x, 0), dtype=torch.long, device=device),
+                X.new_zeros((n_x, 0, 3)))
+    dist, index, best = (torch.cat([tops[q][i] for q in range(0, n_x, qb)]) for i in range(3))
+    return dist, index, grid.decode(best, X)
+
+
+def _grid_block(block, Kw, E, k, key_chunk, shifts):
+    """Exact top-``k`` of one query block against every pre-warped key (a Dask task): the
+    kernel of :func:`grid_search` on warps computed once, ``Kw`` ``(n_y, R, canvas)`` and
+    ``E`` ``(n_y, R, S)``."""
+    Xb, ex = block
+    xsq = (Xb.reshape(Xb.shape[0], -1) ** 2).sum(1)
+    Q = shift_images(Xb, shifts)
+    top = None
+    for k0 in range(0, Kw.shape[0], key_chunk):
+        keys = torch.arange(k0, min(k0 + key_chunk, Kw.shape[0]), device=Xb.device)
+        dmin, arg = block_distances(Q, xsq, Kw[k0:k0 + key_chunk], E[k0:k0 + key_chunk])
+        mask_excluded(dmin, keys, ex)
+        top = merge_topk(top, dmin, keys.expand_as(dmin), arg, k)
+    return top
+
+
+def blocked_grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k,
+                        batch_size=None, exclude=None, client=None):
+    """The exact all-pairs ``grid_search(X, Y, grid, k=k)``, one task per block of queries.
+
+    The keys are warped once (``warp_keys`` onto the shift canvas, with their energies), sent
+    to the workers once, and every block of queries runs ``grid_search``'s kernel against
+    them; with or without ``client`` the SAME block calls produce the result, so it is identical
+    either way (and equal to ``grid_search`` up to the round-off of differently shaped matrix
+    products).
+
+    Parameters
+    ----------
+    X, Y : torch.Tensor of shape (n_x, C, H, W) and (n_y, C, H, W)
+    grid : SearchGrid
+    k : int
+    batch_size : int, optional
+        Queries per block (None: from the memory budget).
+    exclude : torch.Tensor of shape (n_x,), optional
+    client : dask.distributed.Client, optional
+
+    Returns
+    -------
+    dist, index, params : as ``grid_search`` with ``k``
+    """
+    k = check_int(k, "k", 1)
+    batch_size = check_int(batch_size, "batch_size", 1, allow_none=True)
+    n_x, n_y = X.shape[0], Y.shape[0]
+    device, dtype = X.device, X.dtype
+    Y = Y.to(device=device, dtype=dtype)
+    R, S = len(grid.angles), len(grid.shifts)
+    m = shift_margin(grid.shifts)
+    canvas = X.shape[1] * (X.shape[2] + 2 * m) * (X.shape[3] + 2 * m)
+    es = X.element_size()
+    _memory.check_fits(n_y * R * (canvas + S) * es, device,
+                       f"the warped keys ({n_y} x {R} angles)",
+                       hint="use neighbor_search (the shortlist, which warps keys block by "
+                            "block) or a smaller grid")
+    key_chunk, batch_size = _sizes(X, n_y, grid, batch_size, _memory.block_elements(device, es))
+    batch_size = min(batch_size, max(1, n_x))
+    Kw, E = _warped_chunk(Y, grid)
+    blocks = [(X[q:q + batch_size],
+               None if exclude is None else exclude[q:q + batch_size].to(device))
+              for q in range(0, n_x, batch_size)]
+    kk = int(min(k, n_y - (1 if exclude is not None else 0)))
+    out = blocked_map(_grid_block, blocks, shared=(Kw, E, kk, key_chunk, grid.shifts),
+                      client=client)
+    if not out:
+        return (X.new_zeros((0, kk)), torch.zeros((0, kk), dtype=torch.long, device=device),
+                X.new_zeros((0, kk, 3)))
+    dist, index, best = (torch.cat([o[i].to(device) for o in out], 0) for i in range(3))
+    return dist, index, grid.decode(best, X)

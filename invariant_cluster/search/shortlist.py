@@ -1,0 +1,226 @@
+"""Sub-quadratic invariant nearest neighbours: a descriptor shortlist, then an exact search.
+
+1. :func:`shortlist_descriptors`: rotation-steerable descriptors of the keys at a few rotations
+   (about every 15 degrees) and of the queries at a few shifts
+   (:mod:`~invariant_cluster.search.descriptors`);
+2. :func:`shortlist`: the ``n_candidates`` nearest keys of each query by descriptor distance
+   (the smallest over the copies), with the search's block kernel;
+3. :func:`~invariant_cluster.search.candidates.candidate_search`: the exact grid search
+   restricted to each query's candidates.
+
+:func:`neighbor_search` chains them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import _memory
+from ..transforms import rotation_grid, translation_grid
+from .candidates import candidate_search
+from .descriptors import invariant_descriptors, steerable_descriptors
+from .grid import SearchGrid, check_int
+from .kernel import grid_min, mask_excluded, merge_topk
+
+__all__ = ["shortlist", "shortlist_descriptors", "neighbor_search"]
+
+# The steerable shortlist (see shortlist_descriptors): key rotations about every 15 degrees,
+# rings 2 px apart, 32 samples per ring, angular frequencies 0..8, a light blur with shifts.
+# Chosen on the MNIST measurements of benchmarks/bench_scaling.py --recall (the recall hardly
+# moves with finer settings).
+_SHORTLIST_ANGLE_STEP = 15.0
+_SHORTLIST_ANGULAR = 32
+_SHORTLIST_FREQUENCIES = 9
+_SHORTLIST_BLUR = 0.5
+
+
+def shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *, batch_size=None,
+              exclude=None) -> torch.Tensor:
+    """The ``n_candidates`` nearest keys of every query by descriptor distance.
+
+    Blocked: squared distances ``||x||^2 + ||y||^2 - 2 <x, y>`` of a block of queries against a
+    chunk of keys (one matrix product), minimised over the copies of each image, and merged into
+    a running top-``n_candidates`` (memory ``O(n_x n_candidates + block)``).
+
+    Parameters
+    ----------
+    X_desc : torch.Tensor of shape (n_x, d) or (n_x, U, d)
+        Query descriptors; with ``U`` copies per query (e.g. its shifts).
+    Y_desc : torch.Tensor of shape (n_y, d) or (n_y, V, d)
+        Key descriptors; with ``V`` copies per key (e.g. its rotations). The distance of a pair is
+        the smallest over the ``U x V`` pairs of copies.
+    n_candidates : int
+        Clipped to ``n_y`` (minus one with ``exclude``).
+    batch_size : int, optional
+        Queries per block (None: from the memory budget).
+    exclude : torch.Tensor of shape (n_x,), optional
+        A key index to leave out for each query.
+
+    Returns
+    -------
+    candidates : torch.Tensor of shape (n_x, n_candidates), long
+        Distinct key indices, nearest first.
+    """
+    Xd = X_desc[:, None] if X_desc.ndim == 2 else X_desc
+    Yd = Y_desc[:, None] if Y_desc.ndim == 2 else Y_desc
+    if Xd.ndim != 3 or Yd.ndim != 3 or Xd.shape[-1] != Yd.shape[-1]:
+        raise ValueError(f"X_desc, Y_desc: expected (n, [copies,] d) tensors with the same d, "
+                         f"got {tuple(X_desc.shape)} and {tuple(Y_desc.shape)}")
+    n_candidates = check_int(n_candidates, "n_candidates", 1)
+    batch_size = check_int(batch_size, "batch_size", 1, allow_none=True)
+    n_x, U, d = Xd.shape
+    n_y, V = Yd.shape[:2]
+    device = Xd.device
+    Yd = Yd.to(device=device, dtype=Xd.dtype)
+    m = min(n_candidates, n_y - (1 if exclude is not None else 0))
+    if m < 1:
+        raise ValueError(f"n_candidates: no key left to choose from ({n_y} keys)")
+    budget = _memory.block_elements(device, 3 * Xd.element_size())
+    # keys per chunk: a few times the shortlist, so that merging stays cheap
+    kc = int(max(1, min(n_y, max(4 * m, 1024))))
+    qb = batch_size or int(max(1, min(n_x, budget // max(1, U * kc * V + 2 * (kc + m)))))
+    Yflat = Yd.reshape(n_y * V, d)
+    ysq = (Yflat * Yflat).sum(1)
+    out = torch.empty((n_x, m), dtype=torch.long, device=device)
+    exclude = None if exclude is None else exclude.to(device)
+    for q0 in range(0, n_x, qb):
+        Q = Xd[q0:q0 + qb].reshape(-1, d)
+        b = Q.shape[0] // U
+        qsq = (Q * Q).sum(1).reshape(b, 1, U, 1)
+        ex = None if exclude is None else exclude[q0:q0 + b]
+        top = None
+        for k0 in range(0, n_y, kc):
+            k1 = min(n_y, k0 + kc)
+            scores = (Q @ Yflat[k0 * V:k1 * V].T).reshape(b, U, k1 - k0, V).permute(0, 2, 1, 3)
+            D, _ = grid_min(scores, ysq[k0 * V:k1 * V].reshape(1, k1 - k0, 1, V), qsq,
+                            return_arg=False)
+            keys = torch.arange(k0, k1, device=device)
+            mask_excluded(D, keys, ex)
+            top = merge_topk(top, D, keys.expand(b, -1), None, m)
+        out[q0:q0 + b] = top[1]
+    return out
+
+
+def shortlist_descriptors(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *,
+                          descriptor="steerable"):
+    """Query and key descriptors for :func:`shortlist`, chosen from the search ``grid``.
+
+    Parameters
+    ----------
+    X, Y : torch.Tensor of shape (n_x, C, H, W) and (n_y, C, H, W)
+    grid : SearchGrid
+    descriptor : {"steerable", "modulus"}, default="steerable"
+        "steerable": :func:`steerable_descriptors`, the keys rotated by a subset of the grid
+        angles (about every 15 degrees) and the queries shifted by the integer shifts on a
+        2-pixel lattice (every shift below 2 pixels); "modulus": :func:`invariant_descriptors`
+        (invariant to all rotations, one vector per image: cheaper, lower recall).
+
+    Returns
+    -------
+    X_desc : torch.Tensor of shape (n_x, U, d)
+    Y_desc : torch.Tensor of shape (n_y, V, d)
+
+    Notes
+    -----
+    Measured on MNIST (see ``benchmarks/bench_scaling.py --recall``): the steerable
+    shortlist of ``4 k`` keys holds >= 0.95 of the exact top-``k``; the modulus one needs
+    several times more candidates for the same recall, because it also matches rotations
+    outside the searched range and lets every ring turn on its own.
+    """
+    if descriptor not in ("steerable", "modulus"):
+        raise ValueError(f"descriptor: expected 'steerable' or 'modulus', got {descriptor!r}")
+    rot, trans, _ = grid.free
+    if not rot and not trans:  # plain distances: the pixels are the exact descriptor
+        return X.reshape(X.shape[0], 1, -1), Y.reshape(Y.shape[0], 1, -1)
+    blur = _SHORTLIST_BLUR if trans else 0.0
+    if descriptor == "modulus":
+        kw = dict(group=grid.group, max_rotation=grid.max_rotation,
+                  max_translation=grid.max_translation)
+        X_desc = invariant_descriptors(X, **kw)[:, None]
+        Y_desc = X_desc if Y is X else invariant_descriptors(Y, **kw)[:, None]
+        return X_desc, Y_desc
+    angles = None
+    if rot:
+        if grid.max_rotation >= 180.0:
+            n_ang = int(math.ceil(360.0 / _SHORTLIST_ANGLE_STEP))
+        else:
+            n_ang = 2 * int(math.ceil(grid.max_rotation / _SHORTLIST_ANGLE_STEP)) + 1
+        angles = rotation_grid(grid.max_rotation, min(n_ang, len(grid.angles)))
+    shifts = None
+    if trans:
+        shifts = translation_grid(grid.max_translation)
+        if grid.max_translation >= 2:
+            shifts = shifts[(shifts % 2 == 0).all(1)]
+    h, w = X.shape[-2:]
+    n_rings = max(1, int(round(min(h, w) / 4.0)))  # about 2 pixels apart
+    kw = dict(n_rings=n_rings, n_angular=_SHORTLIST_ANGULAR, n_frequencies=_SHORTLIST_FREQUENCIES,
+              blur=blur)
+    return (steerable_descriptors(X, shifts=shifts, **kw),
+            steerable_descriptors(Y, angles=angles, **kw))
+
+
+def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_candidates=None,
+                    batch_size=None, exclude=None, client=None, descriptor="steerable",
+                    candidates=None, return_candidates=False):
+    """Approximate top-``k`` invariant neighbours: descriptor shortlist, then exact search.
+
+    Same outputs as ``grid_search(X, Y, grid, k=k)``; a true neighbour is missed only when the
+    descriptors do not put it among the query's ``n_candidates`` (recall measured in
+    ``benchmarks/bench_scaling.py``). With ``n_candidates >= n_y`` it is the exact search.
+
+    Parameters
+    ----------
+    X, Y : torch.Tensor of shape (n_x, C, H, W) and (n_y, C, H, W)
+        Queries and keys.
+    grid : SearchGrid
+        The transformations searched.
+    k : int
+        Neighbours kept per query.
+    n_candidates : int, optional
+        Shortlist length (None: :func:`default_n_candidates`, ``max(4 k, 64)``).
+    batch_size : int, optional
+        Keys per block of the exact search.
+    exclude : torch.Tensor of shape (n_x,), optional
+        A key index to leave out for each query.
+    client : dask.distributed.Client, optional
+        Run the exact search's blocks on dask (identical results).
+    descriptor : {"steerable", "modulus"}, default="steerable"
+        See :func:`shortlist_descriptors`.
+    candidates : torch.Tensor of shape (n_x, c), optional
+        A shortlist computed elsewhere (then ``n_candidates`` and ``descriptor`` are unused).
+    return_candidates : bool, default=False
+        Also return the shortlist.
+
+    Returns
+    -------
+    dist, index, params : as :func:`candidate_search`
+    candidates : torch.Tensor of shape (n_x, c), only with ``return_candidates=True``
+
+    Examples
+    --------
+    >>> import torch
+    >>> from invariant_cluster.alignment import grid_search, make_search_grid
+    >>> from invariant_cluster.neighbors import neighbor_search
+    >>> X = torch.rand(50, 1, 12, 12, generator=torch.Generator().manual_seed(0))
+    >>> grid = make_search_grid("rotation", 45.0, 7, refine=False)
+    >>> D, I, P = neighbor_search(X, X, grid, k=5, n_candidates=50)   # every key: exact
+    >>> bool(torch.equal(I, grid_search(X, X, grid, k=5)[1]))
+    True
+    """
+    k = check_int(k, "k", 1)
+    n_y = Y.shape[0]
+    if candidates is None:
+        if n_candidates is None:
+            n_candidates = _memory.default_n_candidates(k, n_y)
+        n_candidates = max(check_int(n_candidates, "n_candidates", 1), k)
+        n_avail = n_y - (1 if exclude is not None else 0)
+        if n_candidates >= n_avail:  # the shortlist would hold every key anyway
+            candidates = torch.arange(n_y, device=X.device).expand(X.shape[0], n_y)
+        else:
+            X_desc, Y_desc = shortlist_descriptors(X, Y, grid, descriptor=descriptor)
+            candidates = shortlist(X_desc, Y_desc, n_candidates, exclude=exclude)
+    out = candidate_search(X, Y, candidates, grid, k=k, batch_size=batch_size, exclude=exclude,
+                           client=client)
+    return (*out, candidates) if return_candidates else out
