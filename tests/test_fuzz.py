@@ -82,7 +82,7 @@ def _cast(x, dtype):
         info = np.iinfo(dtype)
         with np.errstate(invalid="ignore"):
             x = np.nan_to_num(x * 255.0, nan=0.0, posinf=info.max, neginf=info.min)
-        return np.clip(x, info.min, info.max).astype(dtype)
+            return np.clip(x, info.min, info.max).astype(dtype)
     if dtype.kind == "b":
         return np.nan_to_num(x) > 0.5
     with np.errstate(over="ignore", invalid="ignore"):
