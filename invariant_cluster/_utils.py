@@ -205,7 +205,8 @@ def resolve_image_shape(n_features: int, image_shape=None, *, name="image_shape"
     return shape
 
 
-def check_images(X, *, name="X", image_shape=None, allow_torch=True, min_samples=1):
+def check_images(X, *, name="X", image_shape=None, allow_torch=True, min_samples=1,
+                 check_norms=True):
     """Validate an image array and return ``(X_flat, image_shape)``.
 
     Accepts ``(n, n_features)`` (folded with ``image_shape``), ``(n, H, W)`` or ``(n, C, H, W)``,
@@ -213,9 +214,10 @@ def check_images(X, *, name="X", image_shape=None, allow_torch=True, min_samples
     float64, any other real dtype becomes float32) and the ``(C, H, W)`` shape.
 
     Raises ``TypeError`` for object or non-numeric dtypes and ``ValueError`` for complex data,
-    wrong dimensions, empty arrays, too few samples, non-finite values and values whose squared
-    norm would overflow (:func:`check_magnitude`), naming ``name``. NumPy input of any strides,
-    byte order or writeability comes back C-contiguous and safe to hand to torch.
+    wrong dimensions, empty arrays, too few samples, non-finite values and (``check_norms``)
+    values whose squared norm would overflow (:func:`check_magnitude`), naming ``name``. NumPy
+    input of any strides, byte order or writeability comes back C-contiguous and safe to hand
+    to torch.
     """
     if isinstance(X, torch.Tensor):
         if not allow_torch:
@@ -255,7 +257,8 @@ def check_images(X, *, name="X", image_shape=None, allow_torch=True, min_samples
     if not finite:
         raise ValueError(f"{name}: contains NaN or infinity")
     shape = tuple(int(s) for s in shape)
-    check_magnitude(X, name=name, image_shape=shape)
+    if check_norms:
+        check_magnitude(X, name=name, image_shape=shape)
     return X, shape
 
 
