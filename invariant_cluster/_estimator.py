@@ -16,7 +16,7 @@ import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
-from ._utils import flatten_images, resolve_image_shape
+from ._utils import check_magnitude, flatten_images, resolve_image_shape
 from .search import GROUPS, make_search_grid
 
 # every estimator that searches on the grid
@@ -45,12 +45,16 @@ class SE2SearchMixin:
     _parameter_constraints: dict = dict(SEARCH_CONSTRAINTS)
     # the fewest samples ``fit`` accepts
     _min_fit_samples = 1
+    # the dtype whose range bounds the input's squared norms (None: float64 for float64 input,
+    # float32 otherwise; see the user guide's reliability page)
+    _magnitude_dtype = None
 
     def _grid(self, refine=True):
         """The validated :class:`~invariant_cluster.alignment.SearchGrid` of the parameters;
         ``refine=False`` leaves the refinement out whatever ``self.refine`` says."""
         return make_search_grid(self.group, self.max_rotation, self.n_rotations,
-                                self.max_translation, refine and getattr(self, "refine", False))
+                                self.max_translation, refine and getattr(self, "refine", False),
+                                image_shape=getattr(self, "image_shape_", None))
 
     def _validate(self, X, reset):
         """Flat float rows of ``X`` (images folded with ``image_shape``); sets ``image_shape_``
@@ -68,4 +72,5 @@ class SE2SearchMixin:
             raise ValueError(
                 f"X: expected images of shape {tuple(self.image_shape_)} as in fit, got {shape}"
             )
+        check_magnitude(X2, dtype=self._magnitude_dtype, image_shape=self.image_shape_)
         return X2

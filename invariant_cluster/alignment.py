@@ -29,7 +29,7 @@ import numbers
 import numpy as np
 import torch
 
-from ._utils import check_images, resolve_device, torch_dtype_for
+from ._utils import check_images, resolve_device, to_tensor, torch_dtype_for
 from .search import (  # noqa: F401 - the engine's names, importable from here as before
     GROUPS,
     SearchGrid,
@@ -41,11 +41,12 @@ from .search import (  # noqa: F401 - the engine's names, importable from here a
     shift_energies,
     shift_images,
     shift_margin,
+    translation_limit,
     warp_keys,
 )
 from .transforms import fast_warp  # noqa: F401 - the fast warp, importable from here as before
 
-__all__ = ["invariant_distances", "SearchGrid", "make_search_grid"]
+__all__ = ["invariant_distances", "SearchGrid", "make_search_grid", "translation_limit"]
 
 
 # ----------------------------------------------------------------------------- public
@@ -53,7 +54,7 @@ def to_images(X, *, name, image_shape=None, device, min_samples=1):
     """Validate and convert to a ``(n, C, H, W)`` tensor on ``device``; also return the kind."""
     is_numpy = not isinstance(X, torch.Tensor)
     Xf, shape = check_images(X, name=name, image_shape=image_shape, min_samples=min_samples)
-    t = torch.as_tensor(Xf) if is_numpy else Xf
+    t = to_tensor(Xf) if is_numpy else Xf
     dtype = torch_dtype_for(Xf)
     return t.to(device=device, dtype=dtype).reshape(-1, *shape), shape, is_numpy
 
@@ -77,7 +78,8 @@ def invariant_distances(X, Y=None, *, group="se2", max_rotation=180.0, n_rotatio
         Number of grid angles (see :func:`transforms.rotation_grid`; 0 is always on the grid).
     max_translation : float, default=0
         Shifts are searched on the integer grid within ``+-max_translation`` pixels, then refined
-        continuously within that bound.
+        continuously within that bound. Values beyond :func:`translation_limit` (a little more
+        than the image size) are capped there: larger shifts give the same distances.
     refine : bool, default=True
         Refine every pair's best grid point continuously (Levenberg-Marquardt on the warp).
     image_shape : tuple (H, W) or (C, H, W), optional
@@ -117,12 +119,13 @@ def invariant_distances(X, Y=None, *, group="se2", max_rotation=180.0, n_rotatio
     True
     """
     dev = resolve_device(device)
-    grid = make_search_grid(group, max_rotation, n_rotations, max_translation, refine)
     if batch_size is not None and (isinstance(batch_size, bool)
                                    or not isinstance(batch_size, numbers.Integral)
                                    or batch_size < 1):
         raise ValueError(f"batch_size: expected None or an int >= 1, got {batch_size!r}")
     Xt, shape, is_numpy = to_images(X, name="X", image_shape=image_shape, device=dev)
+    grid = make_search_grid(group, max_rotation, n_rotations, max_translation, refine,
+                            image_shape=shape)
     if Y is None:
         Yt = Xt
     else:

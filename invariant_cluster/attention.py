@@ -148,8 +148,10 @@ def principal_attention_pursuit(
     if mu is None:
         width = d if embed_dim is None else _check_positive_int(embed_dim, "embed_dim")
         l1 = K.abs().sum(dim=(-2, -1), keepdim=True)
-        # An all-zero key matrix has nothing to separate; any finite mu gives S = 0 then.
-        mu = n * width / (4.0 * l1.clamp_min(torch.finfo(K.dtype).tiny))
+        # An all-zero key matrix has nothing to separate; any finite mu gives S = 0 then (an
+        # infinite one, from dividing by ~0, turns the dual update inf * 0 into NaN).
+        mu = torch.where(l1 > 0, n * width / (4.0 * l1), torch.ones_like(l1))
+        mu = mu.clamp(max=torch.finfo(K.dtype).max / (4.0 * n * width))
     elif not isinstance(mu, torch.Tensor):
         mu = _check_positive_real(mu, "mu")
     L = torch.zeros_like(K)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import replace
 
 import numpy as np
 import torch
 
-from ._utils import resolve_device
+from ._utils import check_real_dtype, resolve_device
 from .alignment import to_images
 from .search import grid_search, make_search_grid, refine_alignments
 from .transforms import fast_warp, invert_se2
@@ -93,27 +94,36 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
     True
     """
     dev = resolve_device(device)
-    grid = make_search_grid(group, max_rotation, n_rotations, max_translation, refine)
+    if isinstance(max_iter, bool) or not isinstance(max_iter, numbers.Integral) or max_iter < 1:
+        raise ValueError(f"max_iter: expected an int >= 1, got {max_iter!r}")
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real):
+        raise TypeError(f"tol: expected a real number >= 0, got {tol!r}")
+    if not (math.isfinite(tol) and tol >= 0):
+        raise ValueError(f"tol: expected a finite number >= 0, got {tol!r}")
     Xt, shape, is_numpy = to_images(X, name="X", image_shape=image_shape, device=dev)
+    grid = make_search_grid(group, max_rotation, n_rotations, max_translation, refine,
+                            image_shape=shape)
     n = Xt.shape[0]
     if weights is None:
         w = torch.full((n,), 1.0 / n, dtype=Xt.dtype, device=dev)
     else:
         w = np.asarray(weights.detach().cpu() if isinstance(weights, torch.Tensor) else weights)
-        if w.dtype == object or np.iscomplexobj(w) or not np.issubdtype(w.dtype, np.number):
-            raise TypeError(f"weights: expected real numbers, got dtype {w.dtype}")
+        check_real_dtype(w.dtype, "weights")
         if w.shape != (n,):
             raise ValueError(f"weights: expected shape ({n},), got {w.shape}")
-        if not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+        w = w.astype(np.float64)
+        if not np.isfinite(w).all() or (w < 0).any() or not (w > 0).any():
             raise ValueError("weights: expected finite non-negative values with a positive sum")
+        # divided by the largest first: the sum of n weights near 1e308 would overflow
+        w = w / w.max()
         w = torch.as_tensor(w / w.sum(), dtype=Xt.dtype, device=dev)
-    if isinstance(max_iter, bool) or not isinstance(max_iter, numbers.Integral) or max_iter < 1:
-        raise ValueError(f"max_iter: expected an int >= 1, got {max_iter!r}")
     with torch.no_grad():
         mu, params, _ = invariant_mean_tensor(Xt, w, grid, max_iter=max_iter, tol=tol,
                                               batch_size=batch_size)
-    ndim = np.ndim(X) if is_numpy else X.ndim
-    out_shape = (-1,) if ndim == 2 else tuple(X.shape[1:])
+    # the sample's own layout: flat rows stay flat, (H, W) and (C, H, W) images keep theirs
+    # (np.shape, not X.shape: X may be a nested list)
+    in_shape = tuple(np.shape(X) if is_numpy else X.shape)
+    out_shape = (-1,) if len(in_shape) == 2 else in_shape[1:]
     mu = mu.reshape(out_shape)
     if is_numpy:
         return mu.cpu().numpy(), params.cpu().numpy().astype(np.float64)

@@ -223,6 +223,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         "verbose": ["verbose"],
     }
     _min_fit_samples = 2
+    # float32 whatever the input: the grouping runs umap-learn in float32
+    _magnitude_dtype = np.float32
 
     def __init__(self, n_clusters=None, *, group="se2", max_rotation=180.0, n_rotations=36,
                  max_translation=0, bandwidth="auto", n_neighbors=15, update="fixed",

@@ -38,7 +38,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import _memory
 from ._estimator import SE2SearchMixin
-from ._utils import resolve_device, resolve_image_shape
+from ._utils import check_magnitude, refuse_complex, resolve_device, resolve_image_shape
 from .search import knn_search
 
 __all__ = ["KernelPCAAttention"]
@@ -355,8 +355,10 @@ class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, Transf
         -------
         self : KernelPCAAttention
         """
+        refuse_complex(X)
         X = np.ascontiguousarray(validate_data(self, X, dtype=np.float64, ensure_min_samples=2))
         n, n_features = X.shape
+        self._check_magnitude(X)
         if self.n_components is not None and self.n_components > n:
             raise ValueError(
                 f"n_components: must not exceed the number of keys (rows of X), "
@@ -466,6 +468,14 @@ class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, Transf
         inv = np.where(lam > 0, 1.0 / np.sqrt(np.where(lam > 0, lam, 1.0)), 0.0)
         return (H - self.mean_) * inv
 
+    def _check_magnitude(self, X):
+        """Refuse keys or queries whose squared norm would overflow the kernel's dtype."""
+        if self.kernel == "invariant":  # its neighbour search runs in float32
+            check_magnitude(X, dtype=np.float32,
+                            image_shape=resolve_image_shape(X.shape[1], self.image_shape))
+        else:
+            check_magnitude(X, dtype=np.float64)
+
     # ------------------------------------------------------------------ invariant kernel
     def _search(self, Xq, k, exclude=False):
         """Invariant kNN of the image rows ``Xq`` among ``keys_``: ``(dist, index)`` in NumPy.
@@ -541,13 +551,26 @@ class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, Transf
         if self.kernel != "invariant":
             raise ValueError(f"kernel: kernel_matrix needs kernel='invariant', got "
                              f"{self.kernel!r} (the softmax kernel is exp(s X keys_^T))")
+        refuse_complex(X)
         X = validate_data(self, X, dtype=np.float64, reset=False)
+        self._check_magnitude(X)
+        return self._kernel_rows(X, normalise=False)
+
+    def _kernel_rows(self, X, normalise):
+        """Kernel values over each query's nearest keys, or (``normalise``) their row shares."""
         n = self.keys_.shape[0]
         k = min(int(self.n_neighbors) + 1, n)
         if X.shape[0] == 0:
             return sp.csr_matrix((0, n))
         dist, idx = self._search(X, k)
-        vals = np.exp(-dist / (2.0 * self.bandwidth_**2))
+        logits = -dist / (2.0 * self.bandwidth_**2)
+        if normalise:
+            # shares computed relative to the nearest key: a query far from every key (or a
+            # tiny bandwidth) would otherwise divide zero kernel values by a zero row sum
+            vals = np.exp(logits - logits.max(axis=1, keepdims=True))
+            vals /= vals.sum(axis=1, keepdims=True)
+        else:
+            vals = np.exp(logits)
         rows = np.repeat(np.arange(X.shape[0]), k)
         return sp.csr_matrix((vals.ravel(), (rows, idx.ravel())), shape=(X.shape[0], n))
 
@@ -574,14 +597,15 @@ class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, Transf
         """
         check_is_fitted(self)
         # a view such as np.rot90's has negative strides, which torch refuses
+        refuse_complex(X)
         X = np.ascontiguousarray(validate_data(self, X, dtype=np.float64, reset=False))
+        self._check_magnitude(X)
         A = self.eigenvectors_ - self.eigenvectors_.mean(axis=0)
         if X.shape[0] == 0:
             return np.zeros((0, A.shape[1]))
         if self.kernel == "invariant":
-            Kq = self.kernel_matrix(X)
-            g = np.asarray(Kq.sum(axis=1)).ravel()
-            weights = sp.diags(1.0 / g) @ Kq @ sp.diags(np.exp(-self.log_normalisers_))
+            shares = self._kernel_rows(X, normalise=True)
+            weights = shares @ sp.diags(np.exp(-self.log_normalisers_))
             return self._finish(np.asarray(weights @ A))
         device = resolve_device(self.device)
         keys = torch.as_tensor(self.keys_, device=device)

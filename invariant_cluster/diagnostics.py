@@ -21,6 +21,7 @@ import scipy.sparse as sp
 import torch
 from sklearn.utils import check_random_state
 
+from ._utils import as_array, check_real_dtype, to_tensor
 from .decomposition import (
     _centre,
     _centred_apply,
@@ -36,16 +37,12 @@ __all__ = ["projection_loss", "eigenvector_check", "capture_attention"]
 def _as_float64(x, name):
     """A float64 CPU tensor of ``x`` (NumPy or torch), with a clear error for bad input."""
     if isinstance(x, torch.Tensor):
-        if x.is_complex():
-            raise TypeError(f"{name}: complex data is not supported, got dtype {x.dtype}")
+        check_real_dtype(x.dtype, name)
         t = x.detach().to(device="cpu", dtype=torch.float64)
     else:
-        a = np.asarray(x)
-        if a.dtype == object or np.iscomplexobj(a) or not (
-            np.issubdtype(a.dtype, np.number) or a.dtype == bool
-        ):
-            raise TypeError(f"{name}: expected a real numeric array, got dtype {a.dtype}")
-        t = torch.as_tensor(a.astype(np.float64, copy=False))
+        a = as_array(x, name)
+        check_real_dtype(a.dtype, name)
+        t = to_tensor(a.astype(np.float64, copy=False))
     if t.ndim < 2:
         raise ValueError(f"{name}: expected shape (..., n_tokens, dim), got {tuple(t.shape)}")
     if t.shape[-2] == 0 or t.shape[-1] == 0:

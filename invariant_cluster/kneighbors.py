@@ -33,7 +33,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from . import _memory
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
-from ._utils import resolve_device
+from ._utils import resolve_device, to_tensor
 from .search import knn_search, refine_pairs
 
 __all__ = ["InvariantKNeighborsTransformer", "invariant_kneighbors_graph", "symmetrize_graph"]
@@ -238,7 +238,7 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         grid = self._grid()
         dtype = torch.float64 if np.float64 in (Q2.dtype, self._fit_X.dtype) else torch.float32
         K = torch.as_tensor(self._fit_X).to(device=dev, dtype=dtype).reshape(-1, *self.image_shape_)
-        Q = K if exclude_self else torch.as_tensor(np.ascontiguousarray(Q2)).to(
+        Q = K if exclude_self else to_tensor(Q2).to(
             device=dev, dtype=dtype).reshape(-1, *self.image_shape_)
         n_q, n_fit = Q.shape[0], K.shape[0]
         exclude = torch.arange(n_q, device=dev) if exclude_self else None

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _memory
+from ._utils import as_array, check_real_dtype, to_tensor
 
 __all__ = [
     "warp_se2",
@@ -88,9 +89,10 @@ def se2_matrices(params: torch.Tensor, height: int, width: int) -> torch.Tensor:
 
 
 def _as_params(params, n, like: torch.Tensor) -> torch.Tensor:
-    p = params if isinstance(params, torch.Tensor) else torch.as_tensor(np.asarray(params))
-    if p.is_complex() or not (p.is_floating_point() or p.dtype in (torch.int32, torch.int64)):
-        raise TypeError(f"params: expected real numbers, got dtype {p.dtype}")
+    p = params if isinstance(params, torch.Tensor) else to_tensor(as_array(params, "params"))
+    check_real_dtype(p.dtype, "params")
+    if p.dtype == torch.bool:
+        raise TypeError(f"params: expected real numbers (angle, tx, ty), got dtype {p.dtype}")
     p = p.to(device=like.device, dtype=like.dtype)
     if p.ndim == 1 and p.shape[0] == 3:
         p = p.expand(n, 3)
@@ -132,17 +134,15 @@ def warp_se2(images, params):
 
     is_numpy = not isinstance(images, torch.Tensor)
     if is_numpy:
-        images = np.asarray(images)
-        if images.dtype == object or not (np.issubdtype(images.dtype, np.number)
-                                          or images.dtype == bool):
-            raise TypeError(f"images: expected a real numeric array, got dtype {images.dtype}")
-    x = torch.as_tensor(images) if is_numpy else images
-    if x.is_complex() or not x.is_floating_point():
-        if x.is_complex() or x.dtype == torch.bool:
-            raise TypeError(f"images: expected a real floating dtype, got {x.dtype}")
+        images = as_array(images, "images")
+    check_real_dtype(images.dtype, "images")
+    x = to_tensor(images) if is_numpy else images
+    if not x.is_floating_point():
         x = x.to(torch.float32)
     if x.ndim not in (3, 4):
         raise ValueError(f"images: expected shape (B, H, W) or (B, C, H, W), got {tuple(x.shape)}")
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        raise ValueError("images: contains NaN or infinity")
     squeeze = x.ndim == 3
     if squeeze:
         x = x.unsqueeze(1)

@@ -204,7 +204,7 @@ class TestErrors:
             invariant_mean(self.X, w)
 
     def test_weights_complex(self):
-        with pytest.raises(TypeError, match="weights"):
+        with pytest.raises(ValueError, match="weights"):
             invariant_mean(self.X, np.ones(3, dtype=complex))
 
     def test_weights_not_numbers(self):

@@ -116,7 +116,7 @@ class TestProjectionLoss:
             projection_loss(Q, K, V, form="paper")
         with pytest.raises(ValueError, match="scale"):
             projection_loss(Q, K, V, scale=0.0)
-        with pytest.raises(TypeError, match="Q"):
+        with pytest.raises(ValueError, match="Q"):
             projection_loss(Q.astype(complex), K, V)
 
 

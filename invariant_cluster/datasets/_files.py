@@ -44,8 +44,11 @@ def as_images(array, source, image_shape=None):
         raise ValueError(f"{source}: expected images of at least one pixel, got shape {a.shape}")
     if not np.isfinite(a).all():
         raise ValueError(f"{source}: contains NaN or infinity")
-    # the squared distance between two images must stay finite in float32
-    limit = math.sqrt(float(np.finfo(np.float32).max) / (4.0 * size))
+    # the estimators' bound on a squared norm in float32 (reliability page), as a bound on |x|
+    from .._utils import magnitude_limit
+
+    side = max(a.shape[-2:]) if a.ndim > 2 else max(image_shape or (math.isqrt(size),))
+    limit = math.sqrt(magnitude_limit(np.float32, (1, side, side)) / size)
     peak = max(abs(float(a.max())), abs(float(a.min())))
     if a.dtype != np.uint8 and peak >= limit:
         raise ValueError(

@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 import torch
 
-from .._utils import check_images, torch_generator
+from .._utils import as_array, check_images, torch_generator
 
 
 def _check_range(value, name: str) -> float:
@@ -81,9 +81,10 @@ def make_transformed(X, max_rotation=45.0, max_translation=0, image_shape=None,
     max_translation = _check_range(max_translation, "max_translation")
     is_torch = isinstance(X, torch.Tensor)
     if not is_torch:
-        X = np.asarray(X)
+        X = as_array(X, "X")
     in_shape, in_dtype = tuple(X.shape), X.dtype
-    flat, (c, h, w) = check_images(X, image_shape=image_shape)
+    # a warp squares nothing, so large values need no bound here
+    flat, (c, h, w) = check_images(X, image_shape=image_shape, check_norms=False)
     n = flat.shape[0]
 
     gen = torch_generator(random_state)

@@ -18,7 +18,7 @@ comes from :mod:`invariant_cluster._memory`.
 from .candidates import candidate_search
 from .descriptors import invariant_descriptors, steerable_descriptors
 from .dispatch import knn_search
-from .grid import GROUPS, SearchGrid, make_search_grid
+from .grid import GROUPS, SearchGrid, make_search_grid, translation_limit
 from .kernel import (
     blocked_grid_search,
     grid_search,
@@ -34,6 +34,7 @@ __all__ = [
     "GROUPS",
     "SearchGrid",
     "make_search_grid",
+    "translation_limit",
     "grid_search",
     "blocked_grid_search",
     "candidate_search",

@@ -11,7 +11,7 @@ import torch
 
 from ..transforms import rotation_grid, translation_grid
 
-__all__ = ["GROUPS", "SearchGrid", "make_search_grid"]
+__all__ = ["GROUPS", "SearchGrid", "make_search_grid", "translation_limit"]
 
 GROUPS = ("se2", "rotation", "translation", "none")
 
@@ -57,8 +57,30 @@ class SearchGrid:
         return torch.stack([angles[arg // S], shifts[s, 0], shifts[s, 1]], -1)
 
 
+def translation_limit(image_shape, group="se2") -> int:
+    """The shift (pixels) at which every transformed copy of an image has left the frame.
+
+    A larger shift cannot change any distance (the image then only meets zeros), while the
+    search costs grow as ``max_translation^2`` shifts on a canvas that grows too, so
+    :func:`make_search_grid` caps ``max_translation`` here. "translation": ``max(H, W)``;
+    "se2": ``ceil((max(H, W) - 1) / 2 + hypot(H - 1, W - 1) / 2) + 1``, because a rotation
+    moves the corners out to the circumscribed circle (and a bilinear sample reaches one pixel
+    beyond).
+
+    Examples
+    --------
+    >>> from invariant_cluster.alignment import translation_limit
+    >>> translation_limit((1, 28, 28), "translation"), translation_limit((1, 28, 28), "se2")
+    (28, 34)
+    """
+    h, w = int(image_shape[-2]), int(image_shape[-1])
+    if group == "translation":
+        return max(h, w)
+    return int(math.ceil((max(h, w) - 1) / 2.0 + math.hypot(h - 1, w - 1) / 2.0)) + 1
+
+
 def make_search_grid(group="se2", max_rotation=180.0, n_rotations=36, max_translation=0,
-                     refine=True) -> SearchGrid:
+                     refine=True, *, image_shape=None) -> SearchGrid:
     """Validate the search parameters and build the :class:`SearchGrid`.
 
     The parameters are those of :func:`invariant_cluster.invariant_distances`: the ``group``
@@ -66,6 +88,9 @@ def make_search_grid(group="se2", max_rotation=180.0, n_rotations=36, max_transl
     ``+-max_rotation`` degrees (:func:`~invariant_cluster.transforms.rotation_grid`), integer
     shifts within ``+-max_translation`` pixels
     (:func:`~invariant_cluster.transforms.translation_grid`), and whether to ``refine``.
+    With ``image_shape`` (``(C, H, W)`` or ``(H, W)``), ``max_translation`` is capped at
+    :func:`translation_limit` (the distances are the same, the cost is not), as
+    ``max_rotation`` is capped at 180.
 
     Examples
     --------
@@ -90,6 +115,8 @@ def make_search_grid(group="se2", max_rotation=180.0, n_rotations=36, max_transl
     max_rotation = float(min(max_rotation, 180.0))
     rot = group in ("se2", "rotation")
     trans = group in ("se2", "translation")
+    if trans and image_shape is not None:
+        max_translation = min(max_translation, translation_limit(image_shape, group))
     angles = rotation_grid(max_rotation, int(n_rotations)) if rot else np.zeros(1)
     shifts = translation_grid(max_translation) if trans else np.zeros((1, 2))
     return SearchGrid(group, angles, shifts.astype(np.int64),
