@@ -14,6 +14,7 @@ Everything here works on a kNN graph given as ``(index, dist)`` arrays of shape 
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -82,12 +83,29 @@ def embed_and_cluster(index: np.ndarray, dist: np.ndarray, n_clusters, random_st
     return labels
 
 
+def _positive(dist: np.ndarray) -> np.ndarray:
+    """The kNN distances with zeros raised to a tiny positive value.
+
+    Maintenance note: umap-learn's calibration takes ``rho_i`` as the first POSITIVE distance, so
+    for a sample with exact copies (invariant distance 0) ``rho_i`` is the distance to the
+    nearest sample that is not a copy, and that sample, of another shape, gets the full weight
+    1: exact copies of two shapes fell into one cluster, the partition depending on the order
+    of the samples (issue 19, F1). With zeros raised to ``1e-6`` of the smallest positive
+    distance, ``rho_i`` is the distance to the copies, as for any other nearest neighbour; the
+    copies keep weight 1 and the other shapes are weighed against them.
+    """
+    dist = np.asarray(dist, dtype=np.float64)
+    pos = dist[(dist > 0) & np.isfinite(dist)]
+    tiny = 1e-6 * (float(pos.min()) if pos.size else 1.0)
+    return np.where(dist > tiny, dist, tiny)
+
+
 def embed_graph(index: np.ndarray, dist: np.ndarray, random_state,
                 n_components: int = 10) -> np.ndarray:
     """umap-learn's embedding (``min_dist=0``) of a kNN graph given as ``(n, k)`` arrays."""
     n, k = index.shape
     idx = np.concatenate([np.arange(n)[:, None], index], 1).astype(np.int64)
-    dst = np.concatenate([np.zeros((n, 1)), dist], 1).astype(np.float32)
+    dst = np.concatenate([np.zeros((n, 1)), _positive(dist)], 1).astype(np.float32)
     n_components = int(max(1, min(n_components, n - 2)))
     if n <= n_components + 2 or k < 2:
         # too small for a layout: each sample's graph distances to all samples
@@ -112,3 +130,68 @@ def _umap_embedding(idx, dst, n_components, random_state):
         # umap-learn needs data of the right length only for its checks; the layout comes from
         # the precomputed graph
         return reducer.fit_transform(np.zeros((n, 1), np.float32))
+
+
+def fuzzy_graph(index: np.ndarray, dist: np.ndarray, random_state=0):
+    """umap-learn's fuzzy simplicial set of a kNN graph: a symmetric sparse ``(n, n)`` matrix of
+    membership strengths in [0, 1] (the graph umap-learn lays out, and the one single-cell
+    analysis hands to Leiden)."""
+    from umap.umap_ import fuzzy_simplicial_set
+
+    n, k = index.shape
+    idx = np.concatenate([np.arange(n)[:, None], index], 1).astype(np.int64)
+    dst = np.concatenate([np.zeros((n, 1)), _positive(dist)], 1).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph, _, _ = fuzzy_simplicial_set(np.zeros((n, 1), np.float32), k + 1,
+                                           np.random.RandomState(random_state), "euclidean",
+                                           knn_indices=idx, knn_dists=dst)
+    return graph.tocsr()
+
+
+def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
+    """Leiden (leidenalg, RB configuration model) on a weighted sparse graph, with the resolution
+    bisected (geometrically) until the partition has ``n_clusters`` parts, or the closest count
+    found."""
+    import igraph as ig
+    import leidenalg as la
+
+    g = graph.tocoo()
+    upper = g.row < g.col
+    net = ig.Graph(n=graph.shape[0], edges=np.c_[g.row[upper], g.col[upper]].tolist(),
+                   edge_attrs={"weight": g.data[upper].tolist()})
+
+    def run(resolution):
+        part = la.find_partition(net, la.RBConfigurationVertexPartition, weights="weight",
+                                 resolution_parameter=resolution, seed=int(random_state))
+        return np.asarray(part.membership, dtype=np.int64)
+
+    lo, hi, best = 1e-3, 1e2, None
+    for _ in range(max_steps):
+        r = math.sqrt(lo * hi)
+        labels = run(r)
+        c = int(labels.max()) + 1
+        if best is None or abs(c - n_clusters) < abs(int(best.max()) + 1 - n_clusters):
+            best = labels
+        if c == n_clusters:
+            break
+        if c > n_clusters:
+            hi = r
+        else:
+            lo = r
+    return best
+
+
+def embed_fuzzy_graph(graph, random_state, n_components: int = 10) -> np.ndarray:
+    """umap-learn's layout (``min_dist=0``) of a given fuzzy graph, e.g. a union of two."""
+    from umap.umap_ import find_ab_params, simplicial_set_embedding
+
+    n = graph.shape[0]
+    a, b = find_ab_params(1.0, 0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        emb, _ = simplicial_set_embedding(
+            np.zeros((n, 1), np.float32), graph.tocoo(copy=True), int(n_components), 1.0, a, b,
+            1.0, 5, None, "spectral" if n > 3 * n_components else "random",
+            np.random.RandomState(random_state), "euclidean", {}, False, {}, False)
+    return emb
