@@ -21,9 +21,10 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
-from ._grouping import embed_and_cluster, two_hop_candidates
+from ._grouping import group, two_hop_candidates, vote
 from ._iteration import (  # noqa: F401 - the iteration's names, importable from here as before
     _relabel_by_size,
+    attend_means,
     attention_weights,
     blurring_mean_shift,
     calibrate_bandwidth,
@@ -214,7 +215,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         "n_clusters": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "bandwidth": [StrOptions({"auto"}), Interval(numbers.Real, 0, None, closed="neither")],
         "update": [StrOptions({"blurring", "fixed"})],
-        "graph": [StrOptions({"samples", "means"})],
+        "graph": [StrOptions({"auto", "samples", "means", "both"})],
+        "grouping": [StrOptions({"leiden", "umap"})],
         "max_iter": [Interval(numbers.Integral, 0, None, closed="left")],
         "tol": [Interval(numbers.Real, 0, None, closed="left")],
         "n_jobs": [Interval(numbers.Integral, None, -1, closed="right"),
@@ -226,9 +228,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
 
     def __init__(self, n_clusters=None, *, group="se2", max_rotation=180.0, n_rotations=36,
                  max_translation=0, bandwidth="auto", n_neighbors=15, update="fixed",
-                 graph="samples", max_iter=300, tol=1e-3, refine=True, image_shape=None,
-                 device="auto", batch_size=None, neighbor_search="auto", n_candidates=None,
-                 client=None, n_jobs=None, random_state=None, verbose=0):
+                 graph="auto", grouping="leiden", max_iter=300, tol=1e-3, refine=True,
+                 image_shape=None, device="auto", batch_size=None, neighbor_search="auto",
+                 n_candidates=None, client=None, n_jobs=None, random_state=None, verbose=0):
         self.n_clusters = n_clusters
         self.group = group
         self.max_rotation = max_rotation
@@ -238,6 +240,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         self.n_neighbors = n_neighbors
         self.update = update
         self.graph = graph
+        self.grouping = grouping
         self.max_iter = max_iter
         self.tol = tol
         self.refine = refine
@@ -300,7 +303,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
                 Xt, idx, P, rho, sigma, self.bandwidth, update=self.update,
                 max_iter=self.max_iter, tol=self.tol, batch_size=self.batch_size)
             self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
-            # 4. group: umap-learn's embedding of a kNN graph, then k-means (or HDBSCAN)
+            # 4. group: Leiden on the samples' graph or its union with the means' graph
             labels, Dg = self._group(D, idx, M, grid, k, seed)
             self._log(f"{int(labels.max()) + 1} clusters ({time.perf_counter() - t0:.1f} s)")
             # 5. centres: each cluster's invariant mean, started at its densest converged mean
@@ -322,6 +325,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         self.alignments_ = params.cpu().numpy().astype(np.float64)
         self.bandwidth_ = sigma.cpu().numpy().astype(np.float64)
         self.rho_ = rho.cpu().numpy().astype(np.float64)
+        # predict votes among the nearest fitted samples, as KNeighborsClassifier does
+        self._fit_X = X2
         self.neighbors_ = torch.cat(
             [torch.arange(n, device=idx.device)[:, None], idx], 1).cpu().numpy()
         self.attention_weights_ = W.cpu().numpy().astype(np.float64)
@@ -331,16 +336,21 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         return self
 
     def _group(self, D, idx, M, grid, k, seed):
-        """Labels (largest cluster first) from the samples' graph ``(D, idx)`` or, with
-        ``graph="means"``, the means' graph searched within two hops; and its distances."""
-        if self.graph == "means":
-            D, idx, _ = candidate_search(M, M, two_hop_candidates(idx), grid, k=k,
-                                         batch_size=self.batch_size, client=self.client,
-                                         exclude=torch.arange(M.shape[0], device=M.device))
-        dist = D.clamp(min=0).sqrt().cpu().numpy().astype(np.float64)
-        labels = embed_and_cluster(idx.cpu().numpy(), np.where(np.isfinite(dist), dist, 0.0),
-                                   self.n_clusters, seed)
-        return _relabel_by_size(labels), D
+        """Labels (largest cluster first) from the samples' graph ``(D, idx)``, the means'
+        graph searched within two hops, or their union (see ``graph``); and the distances of
+        the graph that ranks each cluster's densest member."""
+        idx_m = dist_m = None
+        Dg = D
+        if self.graph != "samples" and k > 0:
+            Dm, idx_mt, _ = candidate_search(M, M, two_hop_candidates(idx), grid, k=k,
+                                             batch_size=self.batch_size, client=self.client,
+                                             exclude=torch.arange(M.shape[0], device=M.device))
+            idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
+            if self.graph == "means":
+                Dg = Dm
+        labels, self.graph_ = group(idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m,
+                                    self.n_clusters, self.graph, self.grouping, seed)
+        return _relabel_by_size(labels), Dg
 
     def fit_predict(self, X, y=None):
         """Fit and return ``labels_``."""
@@ -375,7 +385,12 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         return self._distances_to_centers(X)
 
     def predict(self, X):
-        """Index of the nearest cluster centre under the invariant distance of ``transform``.
+        """The cluster most common among the ``n_neighbors`` invariant nearest fitted samples.
+
+        As scikit-learn's ``KNeighborsClassifier`` with ``labels_`` as targets (ties: the label
+        of the nearer neighbours). A cluster follows the shape of the kNN graph, which one
+        centre per cluster cannot: the nearest centre agreed with ``labels_`` on 88% of 2,000
+        rotated MNIST digits. ``transform`` gives the distances to the centres.
 
         Parameters
         ----------
@@ -385,12 +400,28 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         -------
         labels : ndarray of shape (n_samples,)
         """
-        return np.argmin(self._distances_to_centers(X), axis=1).astype(np.int64)
+        check_is_fitted(self)
+        X2 = self._validate(X, reset=False)
+        dev = resolve_device(self.device)
+        fit_X = self._fit_X
+        k = int(min(self.n_neighbors, len(fit_X)))
+        with _thread_limit(self.n_jobs), torch.no_grad():
+            Xq = self._tensor(X2.astype(fit_X.dtype, copy=False), dev)
+            _, idx, _ = knn_search(Xq, self._tensor(fit_X, dev), self._grid(refine=False), k,
+                                   method=self.neighbor_search, n_candidates=self.n_candidates,
+                                   batch_size=self.batch_size, client=self.client)
+        return vote(self.labels_, idx.cpu().numpy())
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
         return tags
+
+
+def _finite_dist(D):
+    """Distances (not squared) of a kNN search as float64 NumPy, missing neighbours at 0."""
+    d = D.clamp(min=0).sqrt().cpu().numpy().astype(np.float64)
+    return np.where(np.isfinite(d), d, 0.0)
 
 
 def invariant_attention_clustering(X, n_clusters=None, **params):
