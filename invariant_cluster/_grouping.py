@@ -8,8 +8,11 @@ Everything here works on a kNN graph given as ``(index, dist)`` arrays of shape 
 - :func:`graph_modes`: connected components of the edges shorter than a per-sample tolerance
   (the partition whose stability stops the blurring update).
 - :func:`embed_and_cluster`: umap-learn's fuzzy simplicial set of the graph, a 10-D embedding and
-  k-means in it, or HDBSCAN when the number of clusters is not given (the grouping measured in
-  ``benchmarks/bench_clustering.py``).
+  k-means in it, or HDBSCAN when the number of clusters is not given (``grouping="umap"``).
+- :func:`fuzzy_graph`, :func:`leiden`, :func:`group`: the estimator's default, Leiden on the
+  fuzzy graph of the samples' kNN graph or of its union with the means' graph
+  (``benchmarks/bench_noise.py`` measures every grouping tried).
+- :func:`vote`: ``predict``'s majority among the nearest fitted samples.
 """
 
 from __future__ import annotations
