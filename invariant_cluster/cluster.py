@@ -73,12 +73,12 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
     Parameters
     ----------
     n_clusters : int or None, default=None
-        With ``grouping="leiden"``: an int bisects Leiden's resolution until the partition has
+        With ``grouping="leiden"``, an int bisects Leiden's resolution until the partition has
         ``n_clusters`` parts (k-means on umap-learn's layout of the same graph if no
-        resolution gives them); None runs Leiden at resolution 1 (modularity). With
-        ``grouping="umap"``: k-means on umap-learn's 10-D layout of the graph (``min_dist=0``),
-        or HDBSCAN on it for None (the smallest cluster holds 1% of the samples, at least 3;
-        samples HDBSCAN calls noise join their nearest cluster).
+        resolution gives them); with ``grouping="umap"`` it runs k-means on umap-learn's 10-D
+        layout of the graph (``min_dist=0``). None, with either: HDBSCAN on that layout (the
+        smallest cluster holds 1% of the samples, at least 3; samples HDBSCAN calls noise join
+        their nearest cluster).
     group : {"se2", "rotation", "translation", "none"}, default="se2"
         "none" is plain kernel attention (mean shift on pixels), the baseline.
     max_rotation : float, default=180.0
