@@ -252,6 +252,8 @@ def summarise(rows, datasets):
                   "corr_means")}
         for method in dict.fromkeys(r["method"] for r in rows):
             rs = [r for r in rows if r["sigma"] == sigma and r["method"] == method]
+            if not rs:
+                continue
             out.append({"sigma": sigma, "method": method, "seeds": len(rs),
                         "acc": float(np.mean([r["acc"] for r in rs])),
                         "acc_min": float(np.min([r["acc"] for r in rs])),
