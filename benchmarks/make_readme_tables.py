@@ -243,8 +243,8 @@ def table_noise(r):
         agree = row.get("predict_agreement")
         out.append(f"\n{row['method']} (sigma {fmt(row['sigma'], 1)}, seed {row['seed']}): "
                    f"ACC {fmt(row['acc'])}, {row['n_clusters_found']} clusters"
-                   + (f", predict(X) agrees with labels_ on {fmt(agree)}" if agree is not None
-                      else "") + ".")
+                   + (f", predict(X) agrees with the fitted labels on {fmt(agree)}"
+                      if agree is not None else "") + ".")
     if r.get("load_note"):
         out.append(f"\nLoad: {r['load_note']}.")
     return "\n".join(out).strip()
