@@ -8,13 +8,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from scipy.ndimage import zoom
+from _images import digit_images
 from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
 
 from invariant_cluster import InvariantAttentionClusterer, warp_se2
-from invariant_cluster.datasets import load_digits_images, make_transformed_copies
+from invariant_cluster.datasets import make_transformed_copies
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -80,20 +80,11 @@ def test_repeated_random_images(n_copies, side):
 
 
 # ------------------------------------------------------------------ noisy copies (issue 20)
-def _digit_images(digits):
-    bunch = load_digits_images()
-    out = []
-    for d in digits:
-        img = bunch.images[np.flatnonzero(bunch.target == d)[0]].astype(np.float64)
-        out.append(np.pad(zoom(img, 1.5, order=1), 2))
-    return np.stack(out)
-
-
 def _noisy_figure2(n_groups, n_copies, noise, seed):
     """``n_copies`` rotated copies of each of ``n_groups`` digits (16 x 16, pixels in [0, 1]),
     plus Gaussian noise of standard deviation ``noise``: ``(X, clean, y)``."""
     clean, y = [], []
-    for c, img in enumerate(_digit_images(range(n_groups))):
+    for c, img in enumerate(digit_images(range(n_groups))):
         copies, _ = make_transformed_copies(img, n_copies, max_rotation=180.0,
                                             random_state=seed + 11 * c)
         clean.append(copies)
