@@ -220,6 +220,36 @@ def table_kpca_features(r):
     return "\n".join(out) or table_generic(r)
 
 
+def table_noise(r):
+    """ACC per grouping (rows) and noise level (columns), means over the seeds; then the
+    graphs' purity and the means' correlation with the clean digits per noise level."""
+    summary = r.get("summary", [])
+    sigmas = list(dict.fromkeys(row["sigma"] for row in summary))
+    methods = list(dict.fromkeys(row["method"] for row in summary))
+    by = {(row["sigma"], row["method"]): row for row in summary}
+    seeds = max((row.get("seeds", 0) for row in summary), default=0)
+    head = [f"grouping (ACC, mean of {seeds} seeds)"] + [f"sigma {fmt(s, 1)}" for s in sigmas]
+    rows = [[m] + [by[(s, m)]["acc"] if (s, m) in by else "" for s in sigmas] for m in methods]
+    out = [md_table(head, rows), ""]
+    first = {s: next(row for row in summary if row["sigma"] == s) for s in sigmas}
+    out.append(md_table(
+        ["sigma", "purity, samples' graph", "purity, means' graph", "corr(noisy, clean)",
+         "corr(one-step average, clean)", "corr(invariant mean, clean)"],
+        [[fmt(s, 1), first[s]["purity_samples"], first[s]["purity_means"],
+          first[s]["corr_noisy"], first[s]["corr_one_step"], first[s]["corr_means"]]
+         for s in sigmas]))
+    fits = [row for row in r.get("rows", []) if row.get("n_clusters_found") is not None]
+    for row in fits:
+        agree = row.get("predict_agreement")
+        out.append(f"\n{row['method']} (sigma {fmt(row['sigma'], 1)}, seed {row['seed']}): "
+                   f"ACC {fmt(row['acc'])}, {row['n_clusters_found']} clusters"
+                   + (f", predict(X) agrees with the fitted labels on {fmt(agree)}"
+                      if agree is not None else "") + ".")
+    if r.get("load_note"):
+        out.append(f"\nLoad: {r['load_note']}.")
+    return "\n".join(out).strip()
+
+
 def table_generic(r):
     for key in ("rows", "sweep", "results"):
         rows = r.get(key)
@@ -239,6 +269,7 @@ FORMATTERS = {
     "kpca_diagnostics": table_kpca,
     "rpc_robustness": table_rpc,
     "kpca_features": table_kpca_features,
+    "noise": table_noise,
 }
 
 

@@ -19,7 +19,7 @@ from ._memory import block_elements
 from .transforms import fast_warp
 
 __all__ = ["calibrate_bandwidth", "attention_weights", "iterate_attention", "mean_shift",
-           "blurring_mean_shift"]
+           "attend_means", "blurring_mean_shift"]
 
 # Maintenance note: the calibrated scale sigma_i is capped at this fraction of rho_i (the
 # distance to the nearest other sample). UMAP's calibration spreads log2(k + 1) of weight over
@@ -96,13 +96,21 @@ def _aligned_keys(keys, rows, idx, P):
 
 def iterate_attention(Xt, idx, P, rho, sigma, bandwidth, *, update="fixed", max_iter, tol,
                       batch_size=None):
-    """:func:`mean_shift` (``update="fixed"``) or :func:`blurring_mean_shift` ("blurring").
+    """:func:`mean_shift` then :func:`attend_means` (``update="fixed"``), or
+    :func:`blurring_mean_shift` ("blurring").
 
     Returns ``(means, weights (n, k + 1), history, converged)``.
     """
-    run = mean_shift if update == "fixed" else blurring_mean_shift
-    return run(Xt, idx, P, rho, sigma, bandwidth, max_iter=max_iter, tol=tol,
-               batch_size=batch_size)
+    if update == "blurring":
+        return blurring_mean_shift(Xt, idx, P, rho, sigma, bandwidth, max_iter=max_iter,
+                                   tol=tol, batch_size=batch_size)
+    M, W, history, converged = mean_shift(Xt, idx, P, rho, sigma, bandwidth, max_iter=max_iter,
+                                          tol=tol, batch_size=batch_size)
+    if max_iter > 0:
+        # the denoised means attend to each other once (see attend_means)
+        M, W_means = attend_means(M, idx, P, bandwidth, batch_size)
+        W = W if W_means is None else W_means
+    return M, W, history, converged
 
 
 def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=None):
@@ -162,6 +170,42 @@ def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=N
     if below:  # the iteration at which every block had converged
         history = history[:below[0] + 1]
     return M.reshape(Xt.shape), W, history, converged
+
+
+def attend_means(M, idx, P, bandwidth, batch_size=None):
+    """One step of invariant attention among the converged means: ``m_i <- sum_j w_ij T_ij m_j``
+    over the same neighbourhoods, the bandwidth recalibrated on the means' own distances.
+
+    Maintenance note: the fixed-key iteration weighs noisy samples with ``rho_i``, ``sigma_i``
+    calibrated on noisy-to-noisy distances. Once a mean is denoised its distance to every noisy
+    neighbour falls below ``rho_i`` and every weight is 1: on 2,000 MNIST digits with noise
+    sigma 0.5 the fixed point is the one-step aligned average to 1e-4 (16 effective keys of 16,
+    corr. with the clean digit 0.834 for both). A sharper kernel on the noisy keys does worse
+    (a recalibrated one: 0.73; with 8 effective keys, the noise left outweighs the purer
+    neighbours), because a noisy key is a mode of its own for any kernel narrower than the
+    noise. Between denoised means the distances tell near from far (80% of the weight on digits
+    of the same class, against 65%), so the means attend to each other once with
+    ``(rho_i, sigma_i)`` recalibrated on ``||m_i - T_ij m_j||``: corr. 0.853, and the means'
+    graph purer (0.771 against 0.762). A second step blurs (0.836): one step, by design.
+
+    Returns ``(means, weights (n, k + 1))``.
+    """
+    n, k = idx.shape
+    if k == 0 or bandwidth != "auto":
+        return M, None
+    nf = M[0].numel()
+    rows_per = _rows_per_block(n, k, nf, M.element_size(), batch_size, M.device)
+    out = torch.empty_like(M).reshape(n, nf)
+    W = M.new_zeros((n, k + 1))
+    for r0 in range(0, n, rows_per):
+        rows = torch.arange(r0, min(n, r0 + rows_per), device=M.device)
+        keys = _aligned_keys(M, rows, idx[rows], P[rows])
+        d = torch.linalg.vector_norm(keys - keys[:, :1], dim=2)
+        rho, sigma = calibrate_bandwidth(d[:, 1:].sort(1).values)
+        w = attention_weights(d, rho, sigma, bandwidth)
+        out[rows] = torch.bmm(w[:, None].to(keys.dtype), keys)[:, 0]
+        W[rows] = w
+    return out.reshape(M.shape), W
 
 
 def blurring_mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=None):

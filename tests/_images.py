@@ -12,3 +12,17 @@ def random_images(shape, seed=0, border=0):
         x[..., :, :border] = 0
         x[..., :, -border:] = 0
     return x
+
+
+def digit_images(digits):
+    """One scikit-learn digit per class, upsampled 8 -> 12 px (bilinear) and padded to 16 x 16."""
+    from scipy.ndimage import zoom
+
+    from invariant_cluster.datasets import load_digits_images
+
+    bunch = load_digits_images()
+    out = []
+    for d in digits:
+        img = bunch.images[np.flatnonzero(bunch.target == d)[0]].astype(np.float64)
+        out.append(np.pad(zoom(img, 1.5, order=1), 2))
+    return np.stack(out)

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from scipy.ndimage import zoom
+from _images import digit_images
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
 from sklearn.utils.estimator_checks import parametrize_with_checks
@@ -19,7 +19,7 @@ from invariant_cluster import (
     invariant_distances,
     warp_se2,
 )
-from invariant_cluster.datasets import load_digits_images, make_transformed_copies
+from invariant_cluster.datasets import make_transformed_copies
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -50,12 +50,7 @@ N_COPIES = 6
 
 def _digit_images(digits=DIGITS) -> np.ndarray:
     """One scikit-learn digit per class, upsampled 8 -> 12 px (bilinear) and padded to 16 x 16."""
-    bunch = load_digits_images()
-    out = []
-    for d in digits:
-        img = bunch.images[np.flatnonzero(bunch.target == d)[0]].astype(np.float64)
-        out.append(np.pad(zoom(img, 1.5, order=1), 2))
-    return np.stack(out)
+    return digit_images(digits)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,285 @@
+"""Noisy rotated MNIST: what the iteration of invariant attention buys, grouping by grouping.
+
+Data: ``n`` digits of the MNIST test split (a random subset per seed), rotated uniformly within
++-45 degrees, plus Gaussian noise of standard deviation ``sigma`` (pixels in [0, 1], not
+clipped). The search range is the one ``bench_clustering.py`` uses for that row (+-60 degrees,
+24 angles).
+
+For each (sigma, seed) the invariant kNN search (k = 15), the iteration and the means' graph run
+ONCE, and every grouping reuses them; a grouping's seconds add the stages it needs (the search for
+the samples' graph; the search, the iteration and the means' graph for the others). Rows:
+
+- ``pipeline``: umap-learn (``n_components=10, min_dist=0``, precomputed kNN) -> k-means(10) on the
+  samples' graph, the pipeline a user assembles from our kNN;
+- ``leiden (samples)``: Leiden (leidenalg, RB configuration) on umap-learn's fuzzy graph of the
+  samples, the resolution bisected to give 10 clusters (single-cell analysis' standard);
+- ``estimator``: ``InvariantAttentionClusterer(n_clusters=10, random_state=seed)`` at its
+  defaults (only the search range set), its own fit from scratch;
+- the candidates on the converged means: their kNN graph (searched within two hops, as
+  ``graph="means"``) grouped by umap-learn + k-means, umap-learn + a Gaussian mixture, Leiden;
+  Leiden on the union of the samples' and the means' fuzzy graphs; a consensus (Leiden on the
+  union graph, each edge weighted by the share of the base partitions that join its ends).
+
+Columns: ACC (Hungarian), NMI, seconds, the purity of the samples' and the means' kNN graphs
+(share of edges joining two digits of one class) and the mean correlation with the clean rotated
+digit of the noisy sample, of the one-step aligned average of its neighbourhood and of its
+invariant mean.
+
+    python benchmarks/bench_noise.py                         # n = 2,000, 4 sigmas, 3 seeds
+    python benchmarks/bench_noise.py --n 10000 --sigmas 0 0.5 0.8 --groupings final \\
+        --out benchmarks/results/noise_10000.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, environment, print_table, scores, write_json  # noqa: E402
+from bench_clustering import VARIANTS, make_variant  # noqa: E402
+
+from invariant_cluster import InvariantAttentionClusterer  # noqa: E402
+
+SEARCH = VARIANTS["rotated45"]["search"]
+K = 15
+
+
+def noisy(n, sigma, seed, data=None):
+    """``(X_noisy, X_clean, y)``: rotated digits and the same plus Gaussian noise."""
+    Xc, y = make_variant("rotated45", n, seed, data)
+    noise = np.random.default_rng(seed + 1000).standard_normal(Xc.shape).astype(np.float32)
+    return (Xc + np.float32(sigma) * noise).astype(np.float32), Xc, y
+
+
+def corr(A, B) -> float:
+    """Mean over samples of the Pearson correlation of two images."""
+    A = A.reshape(len(A), -1).astype(np.float64)
+    B = B.reshape(len(B), -1).astype(np.float64)
+    A = A - A.mean(1, keepdims=True)
+    B = B - B.mean(1, keepdims=True)
+    den = np.sqrt((A * A).sum(1) * (B * B).sum(1))
+    return float(np.mean((A * B).sum(1) / np.where(den > 0, den, 1.0)))
+
+
+def purity(index, y) -> float:
+    return float((y[index] == y[:, None]).mean())
+
+
+def stages(X, seed):
+    """The estimator's stages run once: search, calibration, iteration, means' graph."""
+    import torch
+
+    from invariant_cluster._grouping import two_hop_candidates
+    from invariant_cluster._iteration import (
+        _aligned_keys,
+        calibrate_bandwidth,
+        iterate_attention,
+    )
+    from invariant_cluster.search import candidate_search, knn_search, make_search_grid
+
+    grid = make_search_grid("se2", refine=False, **SEARCH)
+    n = len(X)
+    Xt = torch.as_tensor(X).reshape(n, 1, *X.shape[1:])
+    own = torch.arange(n)
+    out = {}
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        D, idx, P = knn_search(Xt, Xt, grid, K, exclude=own)
+        out["t_search"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        dist = D.clamp(min=0).sqrt()
+        rho, sigma = calibrate_bandwidth(dist)
+        M, W, history, _ = iterate_attention(Xt, idx, P, rho, sigma, "auto", max_iter=300,
+                                             tol=1e-3)
+        out["t_iterate"] = time.perf_counter() - t0
+        out["n_iter"] = len(history)
+        out["neff"] = float((1.0 / (W * W).sum(1)).mean())
+        avg = _aligned_keys(Xt, own, idx, P).mean(1)
+        t0 = time.perf_counter()
+        Dm, idx_m, _ = candidate_search(M, M, two_hop_candidates(idx), grid, k=K, exclude=own)
+        out["t_means_graph"] = time.perf_counter() - t0
+    out.update(idx=idx.numpy(), dist=dist.numpy().astype(np.float64), M=M.reshape(n, -1).numpy(),
+               avg=avg.numpy(), idx_m=idx_m.numpy(),
+               dist_m=Dm.clamp(min=0).sqrt().numpy().astype(np.float64))
+    return out
+
+
+def groupings(st, seed, which, consensus_too=True):
+    """Every grouping on the shared stages: ``{name: (labels, seconds)}``."""
+    from sklearn.cluster import KMeans
+    from sklearn.mixture import GaussianMixture
+
+    from invariant_cluster._grouping import (
+        embed_fuzzy_graph,
+        embed_graph,
+        fuzzy_graph,
+        leiden,
+    )
+
+    t_s = st["t_search"]
+    t_m = st["t_search"] + st["t_iterate"] + st["t_means_graph"]
+    res = {}
+
+    def timed(fn):
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = fn()
+        return out, time.perf_counter() - t0
+
+    emb_s, te_s = timed(lambda: embed_graph(st["idx"], st["dist"], seed))
+    lab, t = timed(lambda: KMeans(10, n_init=10, random_state=seed).fit_predict(emb_s))
+    res["pipeline"] = (lab, t_s + te_s + t)
+    # the baseline as single-cell analysis runs it: umap-learn's fuzzy graph, then Leiden
+    G_su, tg_su = timed(lambda: fuzzy_graph(st["idx"], st["dist"], seed, calibration="umap"))
+    lab, t = timed(lambda: leiden(G_su, 10, seed))
+    res["leiden (samples)"] = (lab, t_s + tg_su + t)
+    # the candidates: the attention's capped calibration (the estimator's fuzzy graph)
+    G_s, tg_s = timed(lambda: fuzzy_graph(st["idx"], st["dist"], seed))
+    if which == "final":
+        return res
+    lab, t = timed(lambda: GaussianMixture(10, random_state=seed).fit(emb_s).predict(emb_s))
+    res["UMAP + GMM (samples)"] = (lab, t_s + te_s + t)
+    emb_m, te_m = timed(lambda: embed_graph(st["idx_m"], st["dist_m"], seed))
+    lab, t = timed(lambda: KMeans(10, n_init=10, random_state=seed).fit_predict(emb_m))
+    res["UMAP + k-means (means)"] = (lab, t_m + te_m + t)
+    lab, t = timed(lambda: GaussianMixture(10, random_state=seed).fit(emb_m).predict(emb_m))
+    res["UMAP + GMM (means)"] = (lab, t_m + te_m + t)
+    G_m, tg_m = timed(lambda: fuzzy_graph(st["idx_m"], st["dist_m"], seed))
+    lab, t = timed(lambda: leiden(G_m, 10, seed))
+    res["leiden (means)"] = (lab, t_m + tg_m + t)
+    G_u = G_s.maximum(G_m)
+    lab, t = timed(lambda: leiden(G_u, 10, seed))
+    res["leiden (samples + means)"] = (lab, t_m + tg_s + tg_m + t)
+    emb_u, te_u = timed(lambda: embed_fuzzy_graph(G_u, seed))
+    lab, t = timed(lambda: KMeans(10, n_init=10, random_state=seed).fit_predict(emb_u))
+    res["UMAP + k-means (samples + means)"] = (lab, t_m + tg_s + tg_m + te_u + t)
+    base = [res[k][0] for k in ("pipeline", "leiden (samples)", "UMAP + k-means (means)",
+                                "leiden (means)")]
+
+    def consensus():
+        g = G_u.tocoo()
+        agree = np.mean([b[g.row] == b[g.col] for b in base], axis=0)
+        from scipy.sparse import csr_matrix
+
+        C = csr_matrix((g.data * agree, (g.row, g.col)), shape=G_u.shape)
+        C.eliminate_zeros()
+        return leiden(C, 10, seed)
+
+    if consensus_too:
+        lab, t = timed(consensus)
+        # the base partitions' own seconds, the shared stages counted once
+        res["consensus"] = (lab, t_m + tg_s + tg_m + t + sum(
+            res[k][1] for k in ("pipeline", "leiden (samples)", "UMAP + k-means (means)",
+                                "leiden (means)")) - 2 * t_s - 2 * t_m)
+    return res
+
+
+def run(args):
+    rows, datasets = [], []
+    for sigma in args.sigmas:
+        for seed in args.seeds:
+            X, Xc, y = noisy(args.n, sigma, seed, args.data)
+            st = stages(X, seed)
+            info = {"sigma": sigma, "seed": seed, "n": args.n,
+                    "purity_samples": purity(st["idx"], y),
+                    "purity_means": purity(st["idx_m"], y),
+                    "corr_noisy": corr(X, Xc), "corr_one_step": corr(st["avg"], Xc),
+                    "corr_means": corr(st["M"], Xc), "n_iter": st["n_iter"],
+                    "effective_keys": st["neff"],
+                    **{k: st[k] for k in ("t_search", "t_iterate", "t_means_graph")}}
+            datasets.append(info)
+            print_table([info], list(info))
+            for name, (labels, seconds) in groupings(st, seed, args.groupings,
+                                                      args.consensus).items():
+                rows.append({"sigma": sigma, "seed": seed, "n": args.n, "method": name,
+                             **scores(y, labels), "seconds": seconds})
+                print_table(rows[-1:], ["sigma", "seed", "method", "acc", "nmi", "seconds"])
+            if args.estimator:
+                rows += run_estimator(X, y, sigma, seed, args, st)
+    summary = summarise(rows, datasets)
+    print_table(summary, list(summary[0]))
+    return {"benchmark": "noise", "env": environment(), "args": vars(args),
+            "load_note": args.note, "datasets": datasets, "rows": rows, "summary": summary}
+
+
+def run_estimator(X, y, sigma, seed, args, st):
+    """The estimator's default grouping on the shared stages (what ``fit`` runs after them:
+    Leiden, ``graph="auto"``); on the first seed of the clean row, a whole fit with
+    ``n_clusters=None`` and predict's agreement with labels_ of a fit with n_clusters=10."""
+    from invariant_cluster._grouping import group, shared_edges
+
+    t_m = st["t_search"] + st["t_iterate"] + st["t_means_graph"]
+    t0 = time.perf_counter()
+    labels, used = group(st["idx"], st["dist"], st["idx_m"], st["dist_m"], 10, "auto", "leiden",
+                         seed)
+    out = [{"sigma": sigma, "seed": seed, "n": args.n, "method": "estimator (default grouping)",
+            **scores(y, labels), "seconds": t_m + time.perf_counter() - t0,
+            "graph_used": used, "shared_edges": shared_edges(st["idx"], st["idx_m"])}]
+    print_table(out[-1:], ["sigma", "seed", "method", "acc", "nmi", "seconds", "graph_used"])
+    if sigma == 0 and seed == args.seeds[0] and args.fits:
+        for n_clusters in (10, None):
+            est = InvariantAttentionClusterer(n_clusters=n_clusters, random_state=seed, **SEARCH)
+            t0 = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                est.fit(X)
+            row = {"sigma": sigma, "seed": seed, "n": args.n,
+                   "method": f"estimator fit (n_clusters={n_clusters})",
+                   **scores(y, est.labels_), "seconds": time.perf_counter() - t0,
+                   "n_clusters_found": int(est.n_clusters_), "graph_used": est.graph_}
+            if n_clusters:
+                row["predict_agreement"] = float(np.mean(est.predict(X) == est.labels_))
+            out.append(row)
+            print_table(out[-1:], ["sigma", "seed", "method", "acc", "seconds",
+                                   "n_clusters_found", "predict_agreement"])
+    return out
+
+
+def summarise(rows, datasets):
+    """Means over seeds per (sigma, method), with the dataset columns alongside."""
+    out = []
+    for sigma in sorted({r["sigma"] for r in rows}):
+        ds = [d for d in datasets if d["sigma"] == sigma]
+        extra = {k: float(np.mean([d[k] for d in ds])) for k in
+                 ("purity_samples", "purity_means", "corr_noisy", "corr_one_step",
+                  "corr_means")}
+        for method in dict.fromkeys(r["method"] for r in rows):
+            rs = [r for r in rows if r["sigma"] == sigma and r["method"] == method]
+            if not rs:
+                continue
+            out.append({"sigma": sigma, "method": method, "seeds": len(rs),
+                        "acc": float(np.mean([r["acc"] for r in rs])),
+                        "acc_min": float(np.min([r["acc"] for r in rs])),
+                        "nmi": float(np.mean([r["nmi"] for r in rs])),
+                        "seconds": float(np.mean([r["seconds"] for r in rs])), **extra})
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=2000)
+    p.add_argument("--sigmas", type=float, nargs="+", default=[0.0, 0.3, 0.5, 0.8])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--groupings", choices=["all", "final"], default="all")
+    p.add_argument("--no-consensus", dest="consensus", action="store_false")
+    p.add_argument("--no-estimator", dest="estimator", action="store_false")
+    p.add_argument("--no-fits", dest="fits", action="store_false",
+                   help="skip the whole fits (n_clusters=None, predict) on the clean row")
+    p.add_argument("--data", default=None)
+    p.add_argument("--note", default="", help="what else ran on the machine (load)")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    result = run(args)
+    write_json(result, Path(args.out or RESULTS / "noise.json"))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""The grouping of InvariantAttentionClusterer at its defaults: exact copies, noisy copies,
+determinism, and what the iteration adds to the means (issue 19 F1, issue 20)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from _images import digit_images
+from sklearn.cluster import KMeans
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import adjusted_rand_score
+
+from invariant_cluster import InvariantAttentionClusterer, warp_se2
+from invariant_cluster.datasets import make_transformed_copies
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+
+def _fit(X, **params):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return InvariantAttentionClusterer(**params).fit(X)
+
+
+def _shapes():
+    """The issue's 11 x 11 "T" and box outline."""
+    T = np.zeros((11, 11), np.float32)
+    T[2:9, 5] = 1
+    T[2, 3:8] = 1
+    B = np.zeros((11, 11), np.float32)
+    B[3:8, 3:8] = 1
+    B[4:7, 4:7] = 0
+    return T, B
+
+
+def _rot90_copies(sizes, seed):
+    """Exact copies (random multiples of 90 degrees) of the T and the box: ``sizes`` copies each."""
+    rng = np.random.default_rng(seed)
+    X, y = [], []
+    for c, (shape, m) in enumerate(zip(_shapes(), sizes)):
+        X += [np.rot90(shape, int(rng.integers(4))) for _ in range(m)]
+        y += [c] * m
+    return np.ascontiguousarray(np.stack(X)), np.array(y)
+
+
+# ------------------------------------------------------------------ exact copies (issue 19, F1)
+@pytest.mark.parametrize("sizes", [(7, 7), (3, 12), (20, 9)])
+@pytest.mark.parametrize("n_clusters", [None, 2])
+def test_exact_rotated_copies_cluster_together(sizes, n_clusters):
+    # invariant distance 0 within a shape: rho_i = 0 for every sample
+    X, y = _rot90_copies(sizes, seed=sum(sizes))
+    est = _fit(X, n_clusters=n_clusters, random_state=0)
+    assert np.all(est.rho_ == 0)
+    assert est.n_clusters_ == 2
+    assert adjusted_rand_score(y, est.labels_) == 1.0
+
+
+@pytest.mark.parametrize("sizes", [(7, 7), (5, 16)])
+def test_exact_copies_whatever_the_order(sizes):
+    X, y = _rot90_copies(sizes, seed=1)
+    perm = np.random.default_rng(2).permutation(len(X))
+    a = _fit(X, random_state=0).labels_
+    b = _fit(X[perm], random_state=0).labels_
+    assert adjusted_rand_score(y, a) == 1.0
+    # the same partition up to a permutation of the labels
+    assert adjusted_rand_score(a[perm], b) == 1.0
+
+
+@pytest.mark.parametrize("n_copies, side", [(8, 8), (5, 12), (13, 6)])
+def test_repeated_random_images(n_copies, side):
+    # two random images, each repeated (no transformation at all)
+    R = np.random.default_rng(side).random((2, side, side)).astype(np.float32)
+    X = np.repeat(R, n_copies, axis=0)
+    y = np.repeat([0, 1], n_copies)
+    est = _fit(X, n_clusters=2, random_state=0)
+    assert adjusted_rand_score(y, est.labels_) == 1.0
+
+
+# ------------------------------------------------------------------ noisy copies (issue 20)
+def _noisy_figure2(n_groups, n_copies, noise, seed):
+    """``n_copies`` rotated copies of each of ``n_groups`` digits (16 x 16, pixels in [0, 1]),
+    plus Gaussian noise of standard deviation ``noise``: ``(X, clean, y)``."""
+    clean, y = [], []
+    for c, img in enumerate(digit_images(range(n_groups))):
+        copies, _ = make_transformed_copies(img, n_copies, max_rotation=180.0,
+                                            random_state=seed + 11 * c)
+        clean.append(copies)
+        y += [c] * n_copies
+    clean = np.concatenate(clean).astype(np.float32)
+    rng = np.random.default_rng(seed)
+    X = clean + noise * rng.standard_normal(clean.shape).astype(np.float32)
+    return X.astype(np.float32), clean, np.array(y)
+
+
+@pytest.mark.parametrize("n_groups, n_copies, noise", [(4, 10, 0.3), (3, 20, 0.3),
+                                                       (6, 8, 0.25)])
+def test_noisy_figure2_sets_recover_the_groups(n_groups, n_copies, noise):
+    X, _, y = _noisy_figure2(n_groups, n_copies, noise, seed=n_groups * n_copies)
+    est = _fit(X, n_clusters=n_groups, random_state=0)
+    assert adjusted_rand_score(y, est.labels_) == 1.0
+    pixels = KMeans(n_groups, n_init=10, random_state=0).fit_predict(X.reshape(len(X), -1))
+    assert adjusted_rand_score(y, pixels) < 0.9
+
+
+def _one_step_average(est, X):
+    """Each sample averaged with its fitted neighbours aligned onto it, equal weights."""
+    from invariant_cluster.alignment import fast_warp
+
+    Xt = torch.as_tensor(X, dtype=torch.float64)[:, None]
+    idx = torch.as_tensor(est.neighbors_)
+    # the alignment of each neighbour onto its sample: the grid search of the fit, again
+    from invariant_cluster.alignment import grid_search, make_search_grid
+
+    grid = make_search_grid("se2", est.max_rotation, est.n_rotations, est.max_translation,
+                            refine=False)
+    D, P = grid_search(Xt, Xt, grid)
+    n, k1 = idx.shape
+    params = P[torch.arange(n)[:, None], idx]
+    warped = fast_warp(Xt[idx.reshape(-1)], params.reshape(-1, 3)).reshape(n, k1, -1)
+    return warped.mean(1).numpy()
+
+
+@pytest.mark.parametrize("n_groups, n_copies, noise", [(4, 10, 0.3), (3, 24, 0.5)])
+def test_invariant_means_beat_the_one_step_average(n_groups, n_copies, noise):
+    # the attention keeps telling near from far once the means are denoised: the invariant
+    # means are closer to the clean images than the plain average of the same neighbourhoods
+    X, clean, _ = _noisy_figure2(n_groups, n_copies, noise, seed=7 + n_copies)
+    est = _fit(X, random_state=0)
+    avg = _one_step_average(est, X)
+    flat = clean.reshape(len(X), -1).astype(np.float64)
+    err_means = np.linalg.norm(est.invariant_means_.astype(np.float64) - flat, axis=1)
+    err_avg = np.linalg.norm(avg - flat, axis=1)
+    assert np.median(err_means) < 0.95 * np.median(err_avg)
+
+
+# ------------------------------------------------------------------ determinism
+@pytest.mark.parametrize("n_clusters", [None, 3])
+def test_grouping_is_deterministic_for_a_random_state(n_clusters):
+    X, _, _ = _noisy_figure2(3, 12, 0.3, seed=5)
+    a = _fit(X, n_clusters=n_clusters, random_state=3)
+    b = _fit(X, n_clusters=n_clusters, random_state=3)
+    np.testing.assert_array_equal(a.labels_, b.labels_)
+    np.testing.assert_array_equal(a.cluster_centers_, b.cluster_centers_)
+
+
+def test_predict_follows_the_fitted_graph():
+    X, _, y = _noisy_figure2(4, 10, 0.3, seed=9)
+    est = _fit(X, n_clusters=4, random_state=0)
+    assert np.mean(est.predict(X) == est.labels_) >= 0.95
+    # fresh noisy copies go to their digit's cluster
+    new, _, y_new = _noisy_figure2(4, 3, 0.3, seed=99)
+    pred = est.predict(new)
+    assert adjusted_rand_score(y_new, pred) == 1.0
+
+
+def test_warp_is_the_group_action_used():
+    # sanity of the test data: a 90-degree warp_se2 of a shape equals np.rot90 (exact copies)
+    T, _ = _shapes()
+    np.testing.assert_allclose(warp_se2(T[None], [[90.0, 0.0, 0.0]])[0], np.rot90(T), atol=1e-5)
