@@ -61,7 +61,6 @@ Writes ``benchmarks/results/cryoem.json`` (``cryoem_quick.json`` with ``--quick`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -82,12 +81,11 @@ def _tag(snr, shift, n):
 # --------------------------------------------------------------------------- part (a): ASPIRE
 def aspire_part(args):
     """Simulate, classify and average with ASPIRE; write everything to one .npz."""
+    import aspire
     from aspire.classification import BFTAverager2D, RIRClass2D
     from aspire.noise import WhiteNoiseAdder
     from aspire.source import ArrayImageSource, Simulation
     from aspire.volume import AsymmetricVolume
-
-    import aspire
 
     L, n = args.L, args.n
     vol = AsymmetricVolume(L=L, C=1, seed=0, dtype=np.float64).generate()
