@@ -21,7 +21,7 @@ def invariant_mean_tensor(X: torch.Tensor, w: torch.Tensor, grid, *, init=None, 
                           tol=1e-5, batch_size=None):
     """Tensor core of :func:`invariant_mean`: ``X`` ``(n, C, H, W)``, ``w`` ``(n,)`` summing to 1.
 
-    Returns ``(mean (C, H, W), params (n, 3), n_iter)``.
+    Returns ``(mean (C, H, W), params (n, grid.n_params), n_iter)``.
     """
     n = X.shape[0]
     if init is None:
@@ -51,7 +51,7 @@ def invariant_mean_tensor(X: torch.Tensor, w: torch.Tensor, grid, *, init=None, 
 
 def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotations=36,
                    max_translation=0, refine=True, image_shape=None, device="auto",
-                   batch_size=None, max_iter=20, tol=1e-5):
+                   batch_size=None, max_iter=20, tol=1e-5, reflection=False):
     """Weighted invariant mean: align every sample onto the mean, average, repeat.
 
     Minimises ``sum_j w_j ||mu - T_tau_j x_j||^2`` over ``mu`` and the ``tau_j`` by alternating
@@ -65,6 +65,8 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
         Non-negative weights (normalised to sum to 1); None gives equal weights.
     group, max_rotation, n_rotations, max_translation, refine, image_shape, device, batch_size
         As in :func:`invariant_distances`.
+    reflection : bool, default=False
+        Also align the mirror images of the samples (E(2), as in :func:`invariant_distances`).
     max_iter : int, default=20
     tol : float, default=1e-5
         Stop when the mean moves by less than ``tol`` times its norm.
@@ -73,8 +75,9 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
     -------
     mean : ndarray or torch.Tensor
         Shape ``(n_features,)`` for flat input, else the image shape of one sample.
-    alignments : ndarray or torch.Tensor of shape (n, 3)
-        ``(angle, tx, ty)`` that warps each sample onto the mean (``warp_se2(X[j], tau[j])``).
+    alignments : ndarray or torch.Tensor of shape (n, 3), or (n, 4) with ``reflection=True``
+        ``(angle, tx, ty)`` that warps each sample onto the mean (``warp_se2(X[j], tau[j])``),
+        and the mirror bit with reflections.
 
     Notes
     -----
@@ -102,7 +105,7 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
         raise ValueError(f"tol: expected a finite number >= 0, got {tol!r}")
     Xt, shape, is_numpy = to_images(X, name="X", image_shape=image_shape, device=dev)
     grid = make_search_grid(group, max_rotation, n_rotations, max_translation, refine,
-                            image_shape=shape)
+                            reflection, image_shape=shape)
     n = Xt.shape[0]
     if weights is None:
         w = torch.full((n,), 1.0 / n, dtype=Xt.dtype, device=dev)
@@ -141,7 +144,7 @@ def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
     coarse = replace(grid, refine=False)
     n_clusters = int(labels.max()) + 1
     centers = []
-    params = torch.zeros((Xt.shape[0], 3), dtype=Xt.dtype, device=Xt.device)
+    params = torch.zeros((Xt.shape[0], grid.n_params), dtype=Xt.dtype, device=Xt.device)
     density = torch.nan_to_num(D_knn, posinf=0.0).mean(1)
     for c in range(n_clusters):  # a loop over clusters; each step is batched over its members
         members = torch.as_tensor(np.flatnonzero(labels == c), device=Xt.device)
