@@ -15,6 +15,12 @@ This benchmark runs both on the same images, and ours:
 - ``means``: ``InvariantAttentionClusterer(n_rotations=72, max_translation=...)`` fitted on the
   images, its ``invariant_means_`` (each image's converged mean, in its own pose).
 
+``--methods`` picks among ``knn``, ``knn-mirror``, ``knn-mirror-blur``, ``means`` and
+``means-mirror``: ``-mirror`` is ``reflection=True`` (the search also covers mirror images, as
+ASPIRE's does); ``-blur`` searches on Gaussian-blurred copies (``--blur`` px), a low-pass like
+the steerable-PCA truncation before ASPIRE's bispectrum, and averages the noisy images with
+the alignments found there.
+
 Data (part ``aspire``, run under the ASPIRE environment): ``aspire.source.Simulation`` of one
 ``aspire.volume.AsymmetricVolume`` (L = 64, seed 0), ``--n`` images (2,000), no CTF, amplitudes 1,
 white noise from ``WhiteNoiseAdder.from_snr`` at SNR 4, 1, 1/4, 1/16, and offsets either 0 or
@@ -207,38 +213,56 @@ def ours_part(data, args):
         seconds_averages=float(data["seconds_average"]),
         seconds_averages_all_n=float(data["seconds_average"]) * n / m)
 
-    # ours: the invariant kNN transformer (72 angles), then the one-step aligned average
-    knn = InvariantKNeighborsTransformer(n_neighbors=args.k, n_rotations=72,
-                                         max_translation=shift, refine=args.refine,
-                                         device="cpu")
-    t0 = time.perf_counter()
-    knn.fit(X)
-    _, ind, tau = knn.kneighbors(return_alignments=True)
-    t_knn = time.perf_counter() - t0
-    mirrored = tau[..., 3].astype(bool) if tau.shape[-1] > 3 else None
-    row(f"ours: invariant kNN (72 angles) + one-step average of k={args.k}",
-        **neighbour_scores(rots, ind, mirrored),
-        corr=None, seconds_neighbors=t_knn)
-    t0 = time.perf_counter()
-    avg = one_step_average(X.reshape(n, 1, *X.shape[1:]), ind, tau, args.k)
-    t_avg = time.perf_counter() - t0
-    rows[-1]["corr"] = float(np.median(correlations(avg[:m], clean[:m])))
-    rows[-1]["corr_all_n"] = float(np.median(correlations(avg, clean)))
-    rows[-1]["seconds_averages"] = t_avg
+    Xi = X.reshape(n, 1, *X.shape[1:])
+    for method in args.methods:
+        mirror = method.endswith("mirror") or "mirror-" in method
+        if method.startswith("knn"):
+            # the invariant kNN transformer (72 angles), then the one-step aligned average: the
+            # computation of class_averages(X, n_neighbors=k, n_rotations=72, ...), done here
+            # from the same search so that the neighbours are scored too
+            blur = args.blur if method.endswith("blur") else 0.0
+            knn = InvariantKNeighborsTransformer(n_neighbors=args.k, n_rotations=72,
+                                                 max_translation=shift, refine=args.refine,
+                                                 reflection=mirror, device="cpu")
+            t0 = time.perf_counter()
+            Xs = X
+            if blur:
+                from scipy.ndimage import gaussian_filter
 
-    # ours: invariant attention to its fixed point, each sample's invariant mean
-    if not args.skip_means:
-        est = InvariantAttentionClusterer(n_rotations=72, max_translation=shift, device="cpu",
-                                          random_state=0)
-        t0 = time.perf_counter()
-        est.fit(X)
-        t_fit = time.perf_counter() - t0
-        M = est.invariant_means_.reshape(X.shape)
-        row("ours: InvariantAttentionClusterer(n_rotations=72).invariant_means_",
-            **neighbour_scores(rots, est.neighbors_[:, 1:]),
-            corr=float(np.median(correlations(M[:m], clean[:m]))),
-            corr_all_n=float(np.median(correlations(M, clean))),
-            seconds_fit=t_fit, n_clusters=int(est.n_clusters_))
+                Xs = gaussian_filter(X, (0, blur, blur))
+            knn.fit(Xs)
+            _, ind, tau = knn.kneighbors(return_alignments=True)
+            t_knn = time.perf_counter() - t0
+            mirrored = tau[..., 3].astype(bool) if mirror else None
+            t0 = time.perf_counter()
+            avg = one_step_average(Xi, ind, tau, args.k)
+            t_avg = time.perf_counter() - t0
+            name = (f"ours: invariant kNN (72 angles{', mirrors' if mirror else ''}"
+                    f"{f', search on a blur sigma={blur:g} px' if blur else ''})"
+                    f" + one-step average of k={args.k}")
+            row(name, **neighbour_scores(rots, ind, mirrored),
+                share_mirrored=None if mirrored is None else float(
+                    mirrored[:, :K_METRIC].mean()),
+                corr=float(np.median(correlations(avg[:m], clean[:m]))),
+                corr_all_n=float(np.median(correlations(avg, clean))),
+                seconds_neighbors=t_knn, seconds_averages=t_avg)
+        elif method.startswith("means"):
+            # invariant attention to its fixed point: each sample's invariant mean
+            est = InvariantAttentionClusterer(n_rotations=72, max_translation=shift,
+                                              reflection=mirror, device="cpu", random_state=0)
+            t0 = time.perf_counter()
+            est.fit(X)
+            t_fit = time.perf_counter() - t0
+            M = est.invariant_means_.reshape(X.shape)
+            # neighbors_ carries no mirror bit: scored only without reflections
+            sc = {} if mirror else neighbour_scores(rots, est.neighbors_[:, 1:])
+            row(f"ours: InvariantAttentionClusterer(n_rotations=72"
+                f"{', reflection=True' if mirror else ''}).invariant_means_", **sc,
+                corr=float(np.median(correlations(M[:m], clean[:m]))),
+                corr_all_n=float(np.median(correlations(M, clean))),
+                seconds_fit=t_fit, n_clusters=int(est.n_clusters_))
+        else:
+            raise ValueError(f"--methods: unknown method {method!r}")
     return rows
 
 
@@ -264,8 +288,14 @@ def main(argv=None):
                    help="refine our kNN alignments (off: the 5-degree, 1-px grid)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--skip-aspire", action="store_true",
-                   help="reuse the .npz files already in --workdir")
-    p.add_argument("--skip-means", action="store_true")
+                   help="never run ASPIRE: only the .npz files already in --workdir")
+    p.add_argument("--force-aspire", action="store_true",
+                   help="run ASPIRE again even where its .npz is already in --workdir")
+    p.add_argument("--methods", nargs="+", default=["knn", "knn-mirror", "means"],
+                   choices=["knn", "knn-mirror", "knn-mirror-blur", "means", "means-mirror"],
+                   help="ours to run ('-mirror': reflection=True; '-blur': the search on "
+                        "Gaussian-blurred images, the average of the noisy ones)")
+    p.add_argument("--blur", type=float, default=1.5, help="sigma (px) of '-blur' methods")
     p.add_argument("--quick", action="store_true", help="n = 600, SNR 1, no shift")
     p.add_argument("--out", default=None)
     # used by --part aspire
@@ -290,10 +320,19 @@ def main(argv=None):
                MKL_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
     workdir = Path(args.workdir)
     rows, versions = [], set()
+    out = Path(args.out) if args.out else RESULTS / (
+        "cryoem_quick.json" if args.quick else "cryoem.json")
+
+    def summary(rows):
+        return {"benchmark": "cryoem", "n": args.n, "L": args.L, "n_avg": args.n_avg,
+                "k": args.k, "refine": args.refine, "blur": args.blur, "threads": args.threads,
+                "methods": args.methods, "aspire_version": sorted(versions),
+                "environment": environment(),
+                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "rows": rows}
     for shift in args.shift:
         for snr in args.snr:
             npz = workdir / f"{_tag(snr, shift, args.n)}.npz"
-            if not args.skip_aspire:
+            if not args.skip_aspire and not (npz.exists() and not args.force_aspire):
                 if not args.aspire_python:
                     p.error("--aspire-python (or $ASPIRE_PYTHON) is required to run ASPIRE; "
                             "see the module docstring to install it")
@@ -308,18 +347,13 @@ def main(argv=None):
             new = ours_part(data, args)
             print_table(new, ["snr", "shift", "method", "nbr10", "med_angle", "corr"])
             rows.extend(new)
+            write_json(summary(rows), out)  # after every setting: a partial run keeps its rows
 
     cols = ["snr", "shift", "method", "nbr10", "med_angle", "share_mirrored", "corr",
             "seconds_neighbors", "seconds_averages", "seconds_averages_all_n", "seconds_fit"]
     print()
     print_table(rows, cols)
-    out = Path(args.out) if args.out else RESULTS / (
-        "cryoem_quick.json" if args.quick else "cryoem.json")
-    write_json({"benchmark": "cryoem", "n": args.n, "L": args.L, "n_avg": args.n_avg,
-                "k": args.k, "refine": args.refine, "threads": args.threads,
-                "aspire_version": sorted(versions), "environment": environment(),
-                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                "rows": rows}, out)
+    write_json(summary(rows), out)
 
 
 if __name__ == "__main__":
