@@ -193,7 +193,8 @@ def ours_part(data, args):
     rows = []
 
     def row(method, **kw):
-        r = {"snr": float(data["snr"]), "shift": shift, "method": method, **kw}
+        r = {"snr": float(data["snr"]), "shift": shift, "method": method, **kw,
+             "load_average": os.getloadavg()[0]}
         rows.append(r)
         return r
 
