@@ -341,7 +341,10 @@ def main(argv=None):
                        "--snr-one", repr(snr), "--shift-one", repr(shift), "--n", str(args.n),
                        "--L", str(args.L), "--n-avg", str(args.n_avg),
                        "--k", str(args.k), "--out", str(npz)]
-                subprocess.run(cmd, check=True, env=env)
+                # ASPIRE writes its log files into the working directory: keep them out of
+                # the repository
+                workdir.mkdir(parents=True, exist_ok=True)
+                subprocess.run(cmd, check=True, env=env, cwd=workdir)
             with np.load(npz) as f:
                 data = {key: f[key] for key in f.files}
             versions.add(str(data["aspire_version"]))
