@@ -182,7 +182,7 @@ def one_step_average(X, ind, tau, k):
     acc = Xt.clone()
     for j in range(k):  # k warps of n images each (a loop over neighbour rank, not pairs)
         acc += warp_se2(Xt[torch.as_tensor(ind[:, j])],
-                        torch.as_tensor(tau[:, j, :3], dtype=Xt.dtype))
+                        torch.as_tensor(tau[:, j], dtype=Xt.dtype))
     return (acc / (k + 1)).numpy().reshape(n, *X.shape[1:])
 
 
