@@ -250,6 +250,69 @@ def table_noise(r):
     return "\n".join(out).strip()
 
 
+def _cryoem_kind(method):
+    if method == "noisy":
+        return "noisy"
+    if method.startswith("ASPIRE"):
+        return "aspire"
+    if method.startswith("ours: invariant kNN"):
+        if "blur" in method:
+            return "knn_blur"
+        return "knn_mirror" if "mirrors" in method else "knn"
+    if method.startswith("ours: InvariantAttentionClusterer"):
+        return "means_mirror" if "reflection=True" in method else "means"
+    return method
+
+
+def table_cryoem(r):
+    """Two pivots of bench_cryoem's rows, one line per (shift, SNR): neighbours, averages."""
+    cells = {}
+    for row in r.get("rows", []):
+        key = (row.get("shift"), row.get("snr"))
+        cells.setdefault(key, {})[_cryoem_kind(row.get("method", ""))] = row
+
+    def get(c, kind, field, digits=None):
+        v = c.get(kind, {}).get(field)
+        if v is None:
+            return ""
+        return f"{v:.0f}" if digits == 0 else fmt(v)
+
+    def snr(v):
+        return f"1/{1 / v:.0f}" if v < 1 else f"{v:g}"
+
+    nbr, avg = [], []
+    for (shift, s), c in sorted(cells.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+        sh = f"+-{shift:g} px" if shift else "none"
+        nbr.append([snr(s), sh,
+                    f"{get(c, 'aspire', 'nbr10')} ({get(c, 'aspire', 'med_angle', 0)} deg)",
+                    f"{get(c, 'knn_mirror', 'nbr10')} ({get(c, 'knn_mirror', 'med_angle', 0)} deg)"
+                    if "knn_mirror" in c else "",
+                    f"{get(c, 'knn', 'nbr10')} ({get(c, 'knn', 'med_angle', 0)} deg)"
+                    if "knn" in c else "",
+                    get(c, "aspire", "seconds_neighbors", 0),
+                    get(c, "knn_mirror", "seconds_neighbors", 0),
+                    get(c, "knn", "seconds_neighbors", 0)])
+        avg.append([snr(s), sh, get(c, "noisy", "corr"), get(c, "aspire", "corr"),
+                    get(c, "knn_mirror", "corr"), get(c, "knn", "corr"), get(c, "means", "corr"),
+                    get(c, "aspire", "seconds_averages_all_n", 0),
+                    get(c, "knn_mirror", "seconds_averages", 0),
+                    get(c, "means", "seconds_fit", 0)])
+    if not nbr:
+        return table_generic(r)
+    k = r.get("k", 10)
+    t1 = md_table(["SNR", "shifts", "ASPIRE (mirrors)", "ours, mirrors", "ours, no mirrors",
+                   "s ASPIRE classify", "s ours, mirrors", "s ours, no mirrors"], nbr,
+                  ["l", "l", "r", "r", "r", "r", "r", "r"])
+    t2 = md_table(["SNR", "shifts", "noisy image", "ASPIRE", f"ours, one-step k={k}, mirrors",
+                   f"ours, one-step k={k}", "ours, invariant_means_",
+                   "s ASPIRE (all n, extrapolated)", "s ours one-step", "s ours fit (means)"],
+                  avg, ["l", "l"] + ["r"] * 8)
+    return ("Share of the 10 nearest neighbours within 10 degrees of viewing direction "
+            "(median angle):\n\n" + t1 +
+            f"\n\nMedian correlation of the class averages (k = {k} neighbours + the image) "
+            f"with the clean projections, over the first {r.get('n_avg', '')} images:\n\n" + t2)
+
+
 def table_generic(r):
     for key in ("rows", "sweep", "results"):
         rows = r.get(key)
@@ -270,6 +333,7 @@ FORMATTERS = {
     "rpc_robustness": table_rpc,
     "kpca_features": table_kpca_features,
     "noise": table_noise,
+    "cryoem": table_cryoem,
 }
 
 

@@ -20,6 +20,7 @@ _LAZY = {
     "warp_se2": "invariant_cluster.transforms",
     "invariant_distances": "invariant_cluster.alignment",
     "invariant_mean": "invariant_cluster.barycenters",
+    "class_averages": "invariant_cluster.barycenters",
     "InvariantAttentionClusterer": "invariant_cluster.cluster",
     "invariant_attention_clustering": "invariant_cluster.cluster",
     "KernelPCAAttention": "invariant_cluster.decomposition",

@@ -29,6 +29,7 @@ SEARCH_CONSTRAINTS = {
     "n_candidates": [Interval(numbers.Integral, 1, None, closed="left"), None],
     "image_shape": [tuple, list, None],
     "device": [str, torch.device],
+    "reflection": ["boolean"],
 }
 # the estimators whose search the user steers (exact or shortlist, blocks, Dask, refinement)
 ENGINE_CONSTRAINTS = {
@@ -54,6 +55,7 @@ class SE2SearchMixin:
         ``refine=False`` leaves the refinement out whatever ``self.refine`` says."""
         return make_search_grid(self.group, self.max_rotation, self.n_rotations,
                                 self.max_translation, refine and getattr(self, "refine", False),
+                                self.reflection,
                                 image_shape=getattr(self, "image_shape_", None))
 
     def _validate(self, X, reset):

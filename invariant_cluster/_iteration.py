@@ -90,7 +90,7 @@ def _aligned_keys(keys, rows, idx, P):
     own = keys[rows].reshape(b, 1, -1)
     if k == 0:
         return own
-    warped = fast_warp(keys[idx.reshape(-1)], P.reshape(-1, 3).to(keys.dtype))
+    warped = fast_warp(keys[idx.reshape(-1)], P.reshape(-1, P.shape[-1]).to(keys.dtype))
     return torch.cat([own, warped.reshape(b, k, -1)], 1)
 
 

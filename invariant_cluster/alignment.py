@@ -61,7 +61,7 @@ def to_images(X, *, name, image_shape=None, device, min_samples=1):
 
 def invariant_distances(X, Y=None, *, group="se2", max_rotation=180.0, n_rotations=36,
                         max_translation=0, refine=True, image_shape=None, device="auto",
-                        batch_size=None, return_alignments=False):
+                        batch_size=None, return_alignments=False, reflection=False):
     """Invariant squared distances ``D[i, j] = min_tau ||X_i - T_tau Y_j||^2``.
 
     Parameters
@@ -90,14 +90,18 @@ def invariant_distances(X, Y=None, *, group="se2", max_rotation=180.0, n_rotatio
     return_alignments : bool, default=False
         Also return ``tau`` of shape ``(n_x, n_y, 3)``: the parameters (angle in degrees,
         tx, ty in pixels) that warp ``Y_j`` onto ``X_i``, so ``warp_se2(Y[j], tau[i, j])`` is the
-        aligned image.
+        aligned image; ``(n_x, n_y, 4)`` with ``reflection=True``, the 4th column the mirror bit.
+    reflection : bool, default=False
+        Also search the mirrored keys (the group E(2): a horizontal flip about the image
+        centre, before the rotation; see :mod:`invariant_cluster.transforms`), at twice the
+        cost of the search.
 
     Returns
     -------
     D : ndarray or torch.Tensor of shape (n_x, n_y)
         NumPy for NumPy input (float64 for float64 input, else float32), torch (on ``device``)
         for torch input.
-    tau : same kind, shape (n_x, n_y, 3), only with ``return_alignments=True``
+    tau : same kind, shape (n_x, n_y, 3) or (n_x, n_y, 4), only with ``return_alignments=True``
 
     Notes
     -----
@@ -117,6 +121,10 @@ def invariant_distances(X, Y=None, *, group="se2", max_rotation=180.0, n_rotatio
     >>> D = invariant_distances(x, y, group="rotation", n_rotations=4, refine=False)
     >>> bool(D[0, 0] < 1e-6)
     True
+    >>> D, tau = invariant_distances(x, y[:, :, ::-1], group="rotation", n_rotations=4,
+    ...                              refine=False, reflection=True, return_alignments=True)
+    >>> bool(D[0, 0] < 1e-6), tau[0, 0, 3]                # a mirror image: the mirror bit
+    (True, np.float64(1.0))
     """
     dev = resolve_device(device)
     if batch_size is not None and (isinstance(batch_size, bool)
@@ -125,7 +133,7 @@ def invariant_distances(X, Y=None, *, group="se2", max_rotation=180.0, n_rotatio
         raise ValueError(f"batch_size: expected None or an int >= 1, got {batch_size!r}")
     Xt, shape, is_numpy = to_images(X, name="X", image_shape=image_shape, device=dev)
     grid = make_search_grid(group, max_rotation, n_rotations, max_translation, refine,
-                            image_shape=shape)
+                            reflection, image_shape=shape)
     if Y is None:
         Yt = Xt
     else:

@@ -14,14 +14,14 @@ from .alignment import to_images
 from .search import grid_search, make_search_grid, refine_alignments
 from .transforms import fast_warp, invert_se2
 
-__all__ = ["invariant_mean"]
+__all__ = ["invariant_mean", "class_averages"]
 
 
 def invariant_mean_tensor(X: torch.Tensor, w: torch.Tensor, grid, *, init=None, max_iter=20,
                           tol=1e-5, batch_size=None):
     """Tensor core of :func:`invariant_mean`: ``X`` ``(n, C, H, W)``, ``w`` ``(n,)`` summing to 1.
 
-    Returns ``(mean (C, H, W), params (n, 3), n_iter)``.
+    Returns ``(mean (C, H, W), params (n, grid.n_params), n_iter)``.
     """
     n = X.shape[0]
     if init is None:
@@ -51,7 +51,7 @@ def invariant_mean_tensor(X: torch.Tensor, w: torch.Tensor, grid, *, init=None, 
 
 def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotations=36,
                    max_translation=0, refine=True, image_shape=None, device="auto",
-                   batch_size=None, max_iter=20, tol=1e-5):
+                   batch_size=None, max_iter=20, tol=1e-5, reflection=False):
     """Weighted invariant mean: align every sample onto the mean, average, repeat.
 
     Minimises ``sum_j w_j ||mu - T_tau_j x_j||^2`` over ``mu`` and the ``tau_j`` by alternating
@@ -65,6 +65,8 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
         Non-negative weights (normalised to sum to 1); None gives equal weights.
     group, max_rotation, n_rotations, max_translation, refine, image_shape, device, batch_size
         As in :func:`invariant_distances`.
+    reflection : bool, default=False
+        Also align the mirror images of the samples (E(2), as in :func:`invariant_distances`).
     max_iter : int, default=20
     tol : float, default=1e-5
         Stop when the mean moves by less than ``tol`` times its norm.
@@ -73,8 +75,9 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
     -------
     mean : ndarray or torch.Tensor
         Shape ``(n_features,)`` for flat input, else the image shape of one sample.
-    alignments : ndarray or torch.Tensor of shape (n, 3)
-        ``(angle, tx, ty)`` that warps each sample onto the mean (``warp_se2(X[j], tau[j])``).
+    alignments : ndarray or torch.Tensor of shape (n, 3), or (n, 4) with ``reflection=True``
+        ``(angle, tx, ty)`` that warps each sample onto the mean (``warp_se2(X[j], tau[j])``),
+        and the mirror bit with reflections.
 
     Notes
     -----
@@ -102,7 +105,7 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
         raise ValueError(f"tol: expected a finite number >= 0, got {tol!r}")
     Xt, shape, is_numpy = to_images(X, name="X", image_shape=image_shape, device=dev)
     grid = make_search_grid(group, max_rotation, n_rotations, max_translation, refine,
-                            image_shape=shape)
+                            reflection, image_shape=shape)
     n = Xt.shape[0]
     if weights is None:
         w = torch.full((n,), 1.0 / n, dtype=Xt.dtype, device=dev)
@@ -141,7 +144,7 @@ def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
     coarse = replace(grid, refine=False)
     n_clusters = int(labels.max()) + 1
     centers = []
-    params = torch.zeros((Xt.shape[0], 3), dtype=Xt.dtype, device=Xt.device)
+    params = torch.zeros((Xt.shape[0], grid.n_params), dtype=Xt.dtype, device=Xt.device)
     density = torch.nan_to_num(D_knn, posinf=0.0).mean(1)
     for c in range(n_clusters):  # a loop over clusters; each step is batched over its members
         members = torch.as_tensor(np.flatnonzero(labels == c), device=Xt.device)
@@ -157,3 +160,110 @@ def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
         centers.append(mu)
         params[members] = p
     return torch.stack(centers), params
+
+
+def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=180.0,
+                   n_rotations=36, max_translation=0, refine=True, reflection=False,
+                   neighbor_search="auto", image_shape=None, device="auto", batch_size=None):
+    """Class averages: denoised images by averaging under alignment.
+
+    Two kinds, as cryo-electron microscopy's "2D classification" has them:
+
+    - ``labels=None``: **each image's class average, in its own pose**: the image and its
+      ``n_neighbors`` invariant nearest neighbours
+      (:class:`~invariant_cluster.InvariantKNeighborsTransformer`), each neighbour warped onto
+      the image by its alignment, averaged with equal weights (one step, no iteration).
+      :attr:`InvariantAttentionClusterer.invariant_means_
+      <invariant_cluster.InvariantAttentionClusterer>` is the iterated, attention-weighted
+      version of the same average.
+    - ``labels`` given: **the average of each cluster**, its :func:`invariant_mean` (in the pose
+      of its medoid), one per label in ``np.unique(labels)`` order (the ``cluster_centers_`` of
+      :class:`~invariant_cluster.InvariantAttentionClusterer` are these, for its own labels).
+
+    Parameters
+    ----------
+    X : array-like or torch.Tensor of shape (n, n_features), (n, H, W) or (n, C, H, W)
+    n_neighbors : int, default=10
+        Neighbours averaged with each image (``labels=None``; at most ``n - 1``).
+    labels : array-like of shape (n,), optional
+        Cluster of each image; None: one class average per image.
+    group, max_rotation, n_rotations, max_translation, refine, image_shape, device, batch_size
+        As in :func:`invariant_distances`.
+    reflection : bool, default=False
+        Also align mirror images (E(2)): a projection from the opposite direction is the
+        mirror image of another particle.
+    neighbor_search : {"auto", "exact", "shortlist"}, default="auto"
+        As in :class:`~invariant_cluster.InvariantKNeighborsTransformer`.
+
+    Returns
+    -------
+    averages : ndarray or torch.Tensor
+        ``labels=None``: the shape of ``X`` (row ``i`` is image ``i``'s class average);
+        ``labels`` given: ``(n_labels, ...)``, one row or image per label. NumPy for NumPy
+        input, torch (on ``device``) for torch input.
+
+    Notes
+    -----
+    With ``k`` neighbours that show the same object (same viewing direction) and independent
+    noise, the average has ``k + 1`` times less noise variance; neighbours of another view
+    blur it. ``benchmarks/bench_cryoem.py`` measures both kinds by their correlation with the
+    clean images, against ASPIRE's class averages. Cost: one invariant kNN search (see
+    :class:`~invariant_cluster.InvariantKNeighborsTransformer`) and ``n k`` warps.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from invariant_cluster.barycenters import class_averages
+    >>> rng = np.random.default_rng(0)
+    >>> clean = rng.random((2, 12, 12)).astype(np.float32)
+    >>> X = np.concatenate([np.rot90(clean, k, axes=(1, 2)) for k in range(4)] * 5)  # 40
+    >>> noisy = X + rng.normal(0, 0.5, X.shape).astype(np.float32)
+    >>> avg = class_averages(noisy, n_neighbors=9, n_rotations=4, refine=False)
+    >>> err_noisy, err_avg = np.abs(noisy - X).mean(), np.abs(avg - X).mean()
+    >>> bool(err_avg < 0.5 * err_noisy)
+    True
+    """
+    from .kneighbors import InvariantKNeighborsTransformer
+    from .neighbors import aligned_weighted_sum
+
+    dev = resolve_device(device)
+    is_numpy = not isinstance(X, torch.Tensor)
+    Xt, shape, _ = to_images(X, name="X", image_shape=image_shape, device=dev, min_samples=2)
+    n = Xt.shape[0]
+    ndim = np.ndim(X) if is_numpy else X.ndim
+    if labels is not None:
+        lab = np.asarray(labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels)
+        if lab.shape != (n,):
+            raise ValueError(f"labels: expected shape ({n},), got {lab.shape}")
+        grid = make_search_grid(group, max_rotation, n_rotations, max_translation, refine,
+                                reflection)
+        means = []
+        with torch.no_grad():
+            for c in np.unique(lab):  # a loop over clusters, each batched over its members
+                members = torch.as_tensor(np.flatnonzero(lab == c), device=dev)
+                w = torch.full((len(members),), 1.0 / len(members), dtype=Xt.dtype, device=dev)
+                means.append(invariant_mean_tensor(Xt[members], w, grid,
+                                                   batch_size=batch_size)[0])
+        out = torch.stack(means)
+        out_shape = (len(means), -1) if ndim == 2 else (len(means), *tuple(X.shape[1:]))
+    else:
+        if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, numbers.Integral) \
+                or not 1 <= n_neighbors < n:
+            raise ValueError(f"n_neighbors: expected an int in [1, n_samples - 1 = {n - 1}], "
+                             f"got {n_neighbors!r}")
+        knn = InvariantKNeighborsTransformer(
+            n_neighbors=int(n_neighbors), group=group, max_rotation=max_rotation,
+            n_rotations=n_rotations, max_translation=max_translation, refine=refine,
+            reflection=reflection, neighbor_search=neighbor_search, image_shape=shape,
+            device=dev, batch_size=batch_size)
+        flat = Xt.reshape(n, -1).cpu().numpy()
+        _, ind, tau = knn.fit(flat).kneighbors(return_alignments=True)
+        idx = torch.cat([torch.arange(n)[:, None], torch.as_tensor(ind)], 1).to(dev)
+        tau = torch.as_tensor(tau, dtype=Xt.dtype, device=dev)
+        params = torch.cat([torch.zeros_like(tau[:, :1]), tau], 1)
+        W = torch.full(idx.shape, 1.0 / idx.shape[1], dtype=Xt.dtype, device=dev)
+        with torch.no_grad():
+            out = aligned_weighted_sum(Xt, idx, params, W, batch_size=batch_size)
+        out_shape = tuple(X.shape)
+    out = out.reshape(out_shape)
+    return out.cpu().numpy() if is_numpy else out

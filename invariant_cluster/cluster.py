@@ -154,6 +154,11 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
     random_state : int, RandomState instance or None
         Seeds umap-learn's layout and k-means' starts (``n_clusters`` given).
     verbose : int, default=0
+    reflection : bool, default=False
+        Also search the mirror images (the group E(2) = SE(2) x {identity, mirror}; the
+        mirror is a horizontal flip about the image centre, before the rotation, see
+        :mod:`invariant_cluster.transforms`): neighbours, attention and centres then align
+        mirror images too, at twice the search's cost. ``alignments_`` gains a 4th column.
 
     Attributes
     ----------
@@ -168,9 +173,10 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
     n_clusters_ : int
     invariant_means_ : ndarray of shape (n_samples, n_features)
         Each sample's converged mean (in the sample's own pose).
-    alignments_ : ndarray of shape (n_samples, 3)
+    alignments_ : ndarray of shape (n_samples, 3), or (n_samples, 4) with ``reflection=True``
         ``(angle, tx, ty)`` that warps each sample onto its cluster centre:
-        ``warp_se2(x_i, alignments_[i])`` is close to ``cluster_centers_[labels_[i]]``.
+        ``warp_se2(x_i, alignments_[i])`` is close to ``cluster_centers_[labels_[i]]``; the 4th
+        column is the mirror bit.
     bandwidth_ : ndarray of shape (n_samples,)
         ``sigma_i`` (a global bandwidth repeated when ``bandwidth`` is a float).
     rho_ : ndarray of shape (n_samples,)
@@ -241,7 +247,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
                  max_translation=0, bandwidth="auto", n_neighbors=15, update="fixed",
                  graph="auto", grouping="leiden", max_iter=300, tol=1e-3, refine=True,
                  image_shape=None, device="auto", batch_size=None, neighbor_search="auto",
-                 n_candidates=None, client=None, n_jobs=None, random_state=None, verbose=0):
+                 n_candidates=None, client=None, n_jobs=None, random_state=None, verbose=0,
+                 reflection=False):
         self.n_clusters = n_clusters
         self.group = group
         self.max_rotation = max_rotation
@@ -264,6 +271,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         self.n_jobs = n_jobs
         self.random_state = random_state
         self.verbose = verbose
+        self.reflection = reflection
 
     # ------------------------------------------------------------------ helpers
     def _tensor(self, X2, device):

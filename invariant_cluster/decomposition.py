@@ -193,6 +193,9 @@ class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, Transf
     device : {"auto", "cpu", "cuda", "cuda:N"} or torch.device, default="auto"
         Where the maths runs (float64; the invariant neighbour search in float32); "auto" is
         CUDA when available. Fitted attributes are NumPy arrays on the CPU.
+    reflection : bool, default=False
+        The invariant kernel's search also covers the mirror images (E(2), see
+        :mod:`invariant_cluster.transforms`).
 
     Attributes
     ----------
@@ -321,7 +324,8 @@ class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, Transf
     def __init__(
         self, n_components=None, *, kernel="softmax", scale="auto", whiten=True, robust=False,
         n_iter=4, lam=4.0, group="se2", max_rotation=180.0, n_rotations=36, max_translation=0,
-        n_neighbors=15, bandwidth="auto", image_shape=None, n_candidates=None, device="auto"
+        n_neighbors=15, bandwidth="auto", image_shape=None, n_candidates=None, device="auto",
+        reflection=False,
     ):
         self.n_components = n_components
         self.kernel = kernel
@@ -339,6 +343,7 @@ class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, Transf
         self.image_shape = image_shape
         self.n_candidates = n_candidates
         self.device = device
+        self.reflection = reflection
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y=None):

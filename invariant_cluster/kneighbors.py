@@ -72,7 +72,7 @@ def _identity_check(Q, K, qi, ind, D, P, max_elements=None):
     n_q, kk = ind.shape
     flat_j = ind.reshape(-1)
     D = D.reshape(-1).clone()
-    P = P.reshape(-1, 3).clone()
+    P = P.reshape(-1, P.shape[-1]).clone()
     chunk = max(1, max_elements // max(1, Q[0].numel()))
     for p0 in range(0, flat_j.shape[0], chunk):
         sl = slice(p0, p0 + chunk)
@@ -80,7 +80,7 @@ def _identity_check(Q, K, qi, ind, D, P, max_elements=None):
         better = e <= D[sl]
         D[sl] = torch.where(better, e, D[sl])
         P[sl] = torch.where(better[:, None], torch.zeros_like(P[sl]), P[sl])
-    return D.reshape(n_q, kk), P.reshape(n_q, kk, 3)
+    return D.reshape(n_q, kk), P.reshape(n_q, kk, -1)
 
 
 class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin,
@@ -137,6 +137,12 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         ``O(n_queries k)`` plus one block, never ``n_queries x n_samples_fit``.
     client : dask.distributed.Client, optional
         Run the blocks of the search on a dask cluster (identical results).
+    reflection : bool, default=False
+        Also search the mirror images of the fitted images (the group E(2) = SE(2) x
+        {identity, mirror}; the mirror is a horizontal flip about the image centre, applied
+        before the rotation, see :mod:`invariant_cluster.transforms`): twice the search's cost.
+        In cryo-EM, the projection from the opposite direction is a mirror image. The
+        alignments of :meth:`kneighbors` then have a 4th column, the mirror bit.
 
     Attributes
     ----------
@@ -193,7 +199,7 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
     def __init__(self, *, mode="distance", n_neighbors=5, group="se2", max_rotation=180.0,
                  n_rotations=36, max_translation=0, refine=True, neighbor_search="auto",
                  n_candidates=None, image_shape=None, device="auto", batch_size=None,
-                 client=None):
+                 client=None, reflection=False):
         self.mode = mode
         self.n_neighbors = n_neighbors
         self.group = group
@@ -207,6 +213,7 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         self.device = device
         self.batch_size = batch_size
         self.client = client
+        self.reflection = reflection
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=True)
@@ -258,12 +265,12 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
                                    exclude=exclude, client=self.client)
             qi = torch.arange(n_q, device=dev).repeat_interleave(ind.shape[1])
             if refine and n_q:
-                d, p = refine_pairs(Q, K, qi, ind.reshape(-1), P.reshape(-1, 3), grid)
-                D, P = d.reshape(n_q, -1), p.reshape(n_q, -1, 3)
+                d, p = refine_pairs(Q, K, qi, ind.reshape(-1), P.reshape(-1, P.shape[-1]), grid)
+                D, P = d.reshape(n_q, -1), p.reshape(n_q, -1, P.shape[-1])
             D, P = _identity_check(Q, K, qi, ind, D, P)
             order = torch.argsort(D, dim=1, stable=True)[:, :k]
             D, ind = D.gather(1, order), ind.gather(1, order)
-            P = P.gather(1, order[..., None].expand(-1, -1, 3))
+            P = P.gather(1, order[..., None].expand(-1, -1, P.shape[-1]))
         np_dtype = np.float64 if dtype == torch.float64 else np.float32
         dist = np.sqrt(np.clip(D.cpu().numpy(), 0.0, None)).astype(np_dtype, copy=False)
         return dist, ind.cpu().numpy().astype(np.intp), P.cpu().numpy().astype(np.float64)
@@ -282,7 +289,9 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
             Return the invariant distances.
         return_alignments : bool, default=False
             Also return the ``(angle, tx, ty)`` that warps each neighbour onto its query:
-            ``warp_se2(fitted[ind[i, j]], tau[i, j])`` approximates ``X[i]``.
+            ``warp_se2(fitted[ind[i, j]], tau[i, j])`` approximates ``X[i]``; with
+            ``reflection=True`` a 4th column, the mirror bit (1: the neighbour is flipped
+            horizontally about its centre before the rotation).
 
         Returns
         -------
@@ -290,8 +299,9 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
             Invariant distances, ascending along each row (only with ``return_distance``).
         neigh_ind : ndarray of shape (n_queries, n_neighbors)
             Indices of the neighbours among the fitted images.
-        tau : ndarray of shape (n_queries, n_neighbors, 3)
-            Angle in degrees, ``tx``, ``ty`` in pixels (only with ``return_alignments``).
+        tau : ndarray of shape (n_queries, n_neighbors, 3) or (n_queries, n_neighbors, 4)
+            Angle in degrees, ``tx``, ``ty`` in pixels, and the mirror bit with
+            ``reflection=True`` (only with ``return_alignments``).
         """
         check_is_fitted(self)
         if n_neighbors is None:

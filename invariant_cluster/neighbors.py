@@ -74,7 +74,8 @@ def _weighted_block(block, keys):
     """``sum_j W[i, j] warp(keys[idx[i, j]], params[i, j])`` for one block of rows (a task)."""
     idx, params, W = block
     b, k = idx.shape
-    warped = fast_warp(keys[idx.reshape(-1)], params.reshape(-1, 3)).reshape(b, k, -1)
+    warped = fast_warp(keys[idx.reshape(-1)], params.reshape(-1, params.shape[-1])).reshape(
+        b, k, -1)
     return torch.bmm(W[:, None, :].to(warped.dtype), warped)[:, 0].reshape(b, *keys.shape[1:])
 
 
@@ -90,8 +91,9 @@ def aligned_weighted_sum(keys: torch.Tensor, idx: torch.Tensor, params: torch.Te
     ----------
     keys : torch.Tensor of shape (n_y, C, H, W)
     idx : torch.Tensor of shape (n, k), long
-    params : torch.Tensor of shape (n, k, 3)
-        ``(angle, tx, ty)`` warping each key onto its query (as :func:`candidate_search`).
+    params : torch.Tensor of shape (n, k, 3) or (n, k, 4)
+        ``(angle, tx, ty)`` warping each key onto its query (as :func:`candidate_search`), and
+        the mirror bit when the search had reflections.
     W : torch.Tensor of shape (n, k)
         Weights (rows usually sum to 1).
     batch_size : int, optional
@@ -103,8 +105,8 @@ def aligned_weighted_sum(keys: torch.Tensor, idx: torch.Tensor, params: torch.Te
     out : torch.Tensor of shape (n, C, H, W)
     """
     n, k = idx.shape
-    if params.shape != (n, k, 3) or W.shape != (n, k):
-        raise ValueError(f"idx, params, W: expected shapes (n, k), (n, k, 3), (n, k), got "
+    if params.shape not in ((n, k, 3), (n, k, 4)) or W.shape != (n, k):
+        raise ValueError(f"idx, params, W: expected shapes (n, k), (n, k, 3 or 4), (n, k), got "
                          f"{tuple(idx.shape)}, {tuple(params.shape)}, {tuple(W.shape)}")
     batch_size = check_int(batch_size, "batch_size", 1, allow_none=True)
     nf = keys[0].numel()

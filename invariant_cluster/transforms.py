@@ -24,6 +24,23 @@ shortlist's descriptors) goes through :func:`fast_warp`, :func:`sample_images` o
   90 degrees of a square image and integer translations are exact up to round-off.
 - Composition: ``T_a T_b = T_(a o b)`` with ``a o b = (angle_a + angle_b, R_a t_b + t_a)``;
   inverse ``(-angle, -R^-1 t)``.
+
+Reflections (the group E(2) = SE(2) x {identity, mirror})
+----------------------------------------------------------
+- A transformation with a mirror is ``tau = (angle, tx, ty, mirror)``, ``mirror`` 0 or 1.
+  ``T_tau = T_(angle, tx, ty) M^mirror``, where ``M`` is the **horizontal flip about the image
+  centre** (column ``x -> 2 cx - x = W - 1 - x``: ``images.flip(-1)``, exact on the pixel grid),
+  applied **before** the rotation and the translation. Every function here that takes
+  parameters accepts 3 columns (SE(2)) or 4 (E(2)); 4 columns with ``mirror = 0`` are the
+  3-column transformation.
+- ``M R(a) = R(-a) M`` and ``M t = (-tx, ty) M``, so ``T_(a, t, 1)`` composes as
+  ``(a, t, 1) o (b, s, m) = (a - b, t + R_a (-sx, sy), 1 - m)`` and is inverted as
+  ``(a, (-ux, uy), 1)`` with ``(-a, u)`` the SE(2) inverse of ``(a, t)`` (a mirror about a line
+  is its own inverse: ``(a, 0, 1)`` is an involution).
+- The searches encode the mirror as a second set of key warps (the key, and its flip, each
+  rotated by every grid angle) and report it as the fourth column of their alignments.
+- A projection of a 3-D object along the direction ``-v`` is the mirror image of its projection
+  along ``v`` (cryo-electron microscopy's "reflections"), which is why E(2) matters there.
 """
 
 from __future__ import annotations
@@ -83,6 +100,13 @@ def se2_matrices(params: torch.Tensor, height: int, width: int) -> torch.Tensor:
     cx, cy = image_centre(height, width)
     tx = params[:, 1] + cx - (cos * cx + sin * cy)
     ty = params[:, 2] + cy - (-sin * cx + cos * cy)
+    if params.shape[-1] == 4:  # M first: x -> 2 cx - x, i.e. M_affine = A [[-1, 0, 2 cx], ...]
+        sign = 1.0 - 2.0 * params[:, 3]
+        tx = tx + (1.0 - sign) * cx * cos
+        ty = ty - (1.0 - sign) * cx * sin
+        row0 = torch.stack([sign * cos, sin, tx], dim=-1)
+        row1 = torch.stack([-sign * sin, cos, ty], dim=-1)
+        return torch.stack([row0, row1], dim=-2)
     row0 = torch.stack([cos, sin, tx], dim=-1)
     row1 = torch.stack([-sin, cos, ty], dim=-1)
     return torch.stack([row0, row1], dim=-2)
@@ -94,15 +118,18 @@ def _as_params(params, n, like: torch.Tensor) -> torch.Tensor:
     if p.dtype == torch.bool:
         raise TypeError(f"params: expected real numbers (angle, tx, ty), got dtype {p.dtype}")
     p = p.to(device=like.device, dtype=like.dtype)
-    if p.ndim == 1 and p.shape[0] == 3:
-        p = p.expand(n, 3)
-    if p.ndim != 2 or p.shape[1] != 3 or p.shape[0] not in (1, n):
+    if p.ndim == 1 and p.shape[0] in (3, 4):
+        p = p[None]
+    if p.ndim != 2 or p.shape[1] not in (3, 4) or p.shape[0] not in (1, n):
         raise ValueError(
-            f"params: expected shape ({n}, 3) = (angle in degrees, tx, ty), got {tuple(p.shape)}"
+            f"params: expected shape ({n}, 3) = (angle in degrees, tx, ty) or ({n}, 4) with a "
+            f"mirror bit, got {tuple(p.shape)}"
         )
     if not torch.isfinite(p).all():
         raise ValueError("params: contains NaN or infinity")
-    return p.expand(n, 3)
+    if p.shape[1] == 4 and not ((p[:, 3] == 0) | (p[:, 3] == 1)).all():
+        raise ValueError("params: the mirror bit (4th column) must be 0 or 1")
+    return p.expand(n, p.shape[1])
 
 
 def warp_se2(images, params):
@@ -111,9 +138,10 @@ def warp_se2(images, params):
     Parameters
     ----------
     images : array-like or torch.Tensor of shape (B, H, W) or (B, C, H, W)
-    params : array-like or torch.Tensor of shape (B, 3) or (3,)
+    params : array-like or torch.Tensor of shape (B, 3), (3,), (B, 4) or (4,)
         ``(angle in degrees counter-clockwise, tx, ty in pixels)`` per image (a single row is
-        broadcast). See the module's Convention.
+        broadcast), and optionally a 4th column, the mirror bit (0 or 1): the image is flipped
+        horizontally about its centre before the rotation. See the module's Convention.
 
     Returns
     -------
@@ -129,6 +157,9 @@ def warp_se2(images, params):
     >>> out = warp_se2(img, [[90.0, 0.0, 0.0]])                          # counter-clockwise
     >>> [int(v) for v in np.unravel_index(out[0].argmax(), (5, 5))]      # now above the centre
     [0, 2]
+    >>> out = warp_se2(img, [[90.0, 0.0, 0.0, 1.0]])   # mirrored first: left of centre, then up
+    >>> [int(v) for v in np.unravel_index(out[0].argmax(), (5, 5))]
+    [4, 2]
     """
     from kornia.geometry.transform import warp_affine
 
@@ -162,7 +193,9 @@ def warp_se2(images, params):
 
 
 def compose_se2(a, b):
-    """Parameters of ``T_a T_b`` (apply ``b`` first), for ``(..., 3)`` arrays or tensors.
+    """Parameters of ``T_a T_b`` (apply ``b`` first), for ``(..., 3)`` or ``(..., 4)`` arrays
+    or tensors (4 columns: with mirror bits, see the module's Convention; the result has 4
+    columns when either has).
 
     Examples
     --------
@@ -174,13 +207,27 @@ def compose_se2(a, b):
     """
     lib = torch if isinstance(a, torch.Tensor) else np
     cos, sin = cos_sin(a[..., 0])
-    tx = cos * b[..., 1] + sin * b[..., 2] + a[..., 1]
-    ty = -sin * b[..., 1] + cos * b[..., 2] + a[..., 2]
-    return lib.stack([wrap_degrees(a[..., 0] + b[..., 0]), tx, ty], -1)
+    if a.shape[-1] == 3 and b.shape[-1] == 3:
+        bx, bang = b[..., 1], b[..., 0]
+    else:  # M R_b = R_(-b) M and M s = (-sx, sy) M: a's mirror passes through b
+        ma, mb = _mirror_bit(a), _mirror_bit(b)
+        sign = 1.0 - 2.0 * ma
+        bx, bang = sign * b[..., 1], sign * b[..., 0]
+    tx = cos * bx + sin * b[..., 2] + a[..., 1]
+    ty = -sin * bx + cos * b[..., 2] + a[..., 2]
+    out = [wrap_degrees(a[..., 0] + bang), tx, ty]
+    if a.shape[-1] == 4 or b.shape[-1] == 4:
+        out.append((ma + mb) % 2)
+    return lib.stack(out, -1)
+
+
+def _mirror_bit(a):
+    return a[..., 3] if a.shape[-1] == 4 else a[..., 0] * 0
 
 
 def invert_se2(a):
-    """Parameters of ``T_a^-1``, for ``(..., 3)`` arrays or tensors.
+    """Parameters of ``T_a^-1``, for ``(..., 3)`` or ``(..., 4)`` (with mirror bits) arrays or
+    tensors.
 
     Examples
     --------
@@ -189,13 +236,21 @@ def invert_se2(a):
     >>> a = np.array([30.0, 2.0, -1.0])
     >>> bool(np.allclose(compose_se2(a, invert_se2(a)), 0.0))
     True
+    >>> m = np.array([30.0, 2.0, -1.0, 1.0])                # a mirror, then the same motion
+    >>> bool(np.allclose(compose_se2(m, invert_se2(m)), 0.0))
+    True
     """
     lib = torch if isinstance(a, torch.Tensor) else np
     cos, sin = cos_sin(a[..., 0])
     # R^-1 = R^T = [[cos, -sin], [sin, cos]]
     tx = -(cos * a[..., 1] - sin * a[..., 2])
     ty = -(sin * a[..., 1] + cos * a[..., 2])
-    return lib.stack([-a[..., 0], tx, ty], -1)
+    if a.shape[-1] == 3:
+        return lib.stack([-a[..., 0], tx, ty], -1)
+    # (T M)^-1 = M T^-1 = T_(a, (-ux, uy)) M with T^-1 = T_(-a, u)
+    m = a[..., 3]
+    sign = 1.0 - 2.0 * m
+    return lib.stack([wrap_degrees(sign * -a[..., 0]), sign * tx, ty, m], -1)
 
 
 def wrap_degrees(angle):
@@ -272,7 +327,8 @@ def sample_images(images: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
 
 
 def sampling_grid(params: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """Sampling grid ``(B, H, W, 2)`` in normalised coordinates for SE(2) ``params`` ``(B, 3)``.
+    """Sampling grid ``(B, H, W, 2)`` in normalised coordinates for SE(2) ``params`` ``(B, 3)``
+    (or E(2), ``(B, 4)`` with the mirror bit).
 
     Maintenance note: this is the inverse map of :func:`se2_matrices` (destination ``u`` ->
     source ``R^-1 (u - c - t) + c``) folded with the normalisation into one ``(B, 2, 3)`` matrix,
@@ -293,6 +349,10 @@ def sampling_grid(params: torch.Tensor, height: int, width: int) -> torch.Tensor
     ys, xs = torch.meshgrid(torch.arange(height, dtype=dtype, device=device),
                             torch.arange(width, dtype=dtype, device=device), indexing="ij")
     base = torch.stack([xs.reshape(-1), ys.reshape(-1), torch.ones_like(xs).reshape(-1)], 1)
+    if params.shape[-1] == 4:
+        # the mirror acts first on the source, x -> 2 cx - x: in grid_sample's coordinates
+        # (centre at 0) it is the sign of the source's x row
+        theta[:, 0] = theta[:, 0] * (1.0 - 2.0 * params[:, 3])
     grid = base @ theta.permute(0, 2, 1).reshape(3, n * 2)  # (HW, B * 2)
     return grid.reshape(height, width, n, 2).permute(2, 0, 1, 3)
 

@@ -337,8 +337,10 @@ class TestWarpErrors:
     def setup_method(self):
         self.x = np.zeros((2, 5, 5))
 
+    # 4 columns are E(2) parameters with a mirror bit (tests/test_reflection.py); 5 are wrong
     @pytest.mark.parametrize("params", [np.zeros((2, 2)), np.zeros((3, 3)), np.zeros((2, 3, 1)),
-                                        np.zeros(4), np.zeros((2, 4))])
+                                        np.zeros(5), np.zeros((2, 5)),
+                                        np.array([[0.0, 0.0, 0.0, 0.5]] * 2)])
     def test_wrong_param_shape(self, params):
         with pytest.raises(ValueError, match="params"):
             warp_se2(self.x, params)

@@ -14,7 +14,7 @@ from .kernel import grid_min, mask_excluded, merge_topk, shift_energies, shift_m
 __all__ = ["candidate_search"]
 
 
-def _key_block(block, X, xsq, shifts, angles):
+def _key_block(block, X, xsq, shifts, angles, reflection=False):
     """Exact grid search of one block of keys against the queries that list them (a dask task).
 
     ``block = (Yb, qidx)``: ``kb`` key images and, per key, the indices of the queries that have
@@ -25,10 +25,11 @@ def _key_block(block, X, xsq, shifts, angles):
     kb = qidx.shape[0]
     shape = tuple(Yb.shape[1:])
     nf = Yb[0].numel()
-    S, R = len(shifts), angles.shape[0]
     c, h, w = shape
     pad = shift_margin(shifts)
-    Kw = warp_keys(Yb, angles, pad=pad)  # (kb, R, canvas): rotated onto a padded canvas
+    # (kb, R, canvas): rotated (and with reflection, mirrored) onto a padded canvas
+    Kw = warp_keys(Yb, angles, pad=pad, reflection=reflection)
+    S, R = len(shifts), Kw.shape[1]
     if pad == 0:
         Z = Kw
         E = shift_energies(Kw, shifts, shape).reshape(kb, 1, R * S)  # ||T_r y||^2
@@ -138,7 +139,7 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
                          f"[{int(candidates.min())}, {int(candidates.max())}]")
     c = candidates.shape[1]
     angles = torch.as_tensor(grid.angles, dtype=dtype, device=device)
-    R, S = len(grid.angles), len(grid.shifts)
+    R, S = grid.n_mirrors * len(grid.angles), len(grid.shifts)
     nf = X[0].numel()
     es = X.element_size()
     kk = c if k is None else min(k, c)
@@ -168,7 +169,7 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
         blocks.append((Y[kt], torch.where(valid, query_of_pair[pos], -1)))
         pair_ids.append(torch.where(valid, order[pos], -1))
     xsq = (X.reshape(n_x, -1) ** 2).sum(1)
-    results = blocked_map(_key_block, blocks, shared=(X, xsq, grid.shifts, angles),
+    results = blocked_map(_key_block, blocks, shared=(X, xsq, grid.shifts, angles, grid.reflection),
                           client=client)
     dist_all = torch.full((n_x * c,), math.inf, dtype=dtype, device=device)
     arg_all = torch.zeros((n_x * c,), dtype=torch.long, device=device)

@@ -36,6 +36,12 @@ class SearchGrid:
     max_rotation: float
     max_translation: float
     refine: bool
+    reflection: bool = False  # also the mirrored keys: E(2) = SE(2) x {identity, mirror}
+
+    @property
+    def n_mirrors(self) -> int:
+        """1, or 2 with reflections: the keys' warps are ``n_mirrors x R`` images."""
+        return 2 if self.reflection else 1
 
     @property
     def free(self) -> tuple[bool, bool, bool]:
@@ -45,16 +51,26 @@ class SearchGrid:
 
     @property
     def size(self) -> int:
-        return len(self.angles) * len(self.shifts)
+        return self.n_mirrors * len(self.angles) * len(self.shifts)
+
+    @property
+    def n_params(self) -> int:
+        """Columns of the alignments: 3 ``(angle, tx, ty)``, or 4 with the mirror bit."""
+        return 4 if self.reflection else 3
 
     def decode(self, arg: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """Grid points ``arg = r * S + s`` -> parameters ``(..., 3)`` = (angle, tx, ty), with
+        """Grid points ``arg = (mirror * R + r) * S + s`` -> parameters ``(..., 3)`` =
+        (angle, tx, ty), or ``(..., 4)`` with the mirror bit when ``reflection``, with
         ``like``'s device and dtype."""
         angles = torch.as_tensor(self.angles, dtype=like.dtype, device=like.device)
         shifts = torch.as_tensor(self.shifts, dtype=like.dtype, device=like.device)
-        S = len(self.shifts)
+        S, R = len(self.shifts), len(self.angles)
         s = arg % S
-        return torch.stack([angles[arg // S], shifts[s, 0], shifts[s, 1]], -1)
+        r = arg // S
+        cols = [angles[r % R], shifts[s, 0], shifts[s, 1]]
+        if self.reflection:
+            cols.append((r // R).to(like.dtype))
+        return torch.stack(cols, -1)
 
 
 def translation_limit(image_shape, group="se2") -> int:
@@ -80,14 +96,16 @@ def translation_limit(image_shape, group="se2") -> int:
 
 
 def make_search_grid(group="se2", max_rotation=180.0, n_rotations=36, max_translation=0,
-                     refine=True, *, image_shape=None) -> SearchGrid:
+                     refine=True, reflection=False, *, image_shape=None) -> SearchGrid:
     """Validate the search parameters and build the :class:`SearchGrid`.
 
     The parameters are those of :func:`invariant_cluster.invariant_distances`: the ``group``
     (``"se2"``, ``"rotation"``, ``"translation"`` or ``"none"``), ``n_rotations`` angles within
     ``+-max_rotation`` degrees (:func:`~invariant_cluster.transforms.rotation_grid`), integer
     shifts within ``+-max_translation`` pixels
-    (:func:`~invariant_cluster.transforms.translation_grid`), and whether to ``refine``.
+    (:func:`~invariant_cluster.transforms.translation_grid`), whether to ``refine``, and
+    whether the mirrored images are searched too (``reflection``; see the Convention of
+    :mod:`invariant_cluster.transforms`).
     With ``image_shape`` (``(C, H, W)`` or ``(H, W)``), ``max_translation`` is capped at
     :func:`translation_limit` (the distances are the same, the cost is not), as
     ``max_rotation`` is capped at 180.
@@ -108,6 +126,8 @@ def make_search_grid(group="se2", max_rotation=180.0, n_rotations=36, max_transl
             raise TypeError(f"{name}: expected a real number, got {val!r}")
         if not math.isfinite(val) or val < 0:
             raise ValueError(f"{name}: expected a finite number >= 0, got {val!r}")
+    if not isinstance(reflection, (bool, np.bool_)):
+        raise TypeError(f"reflection: expected a bool, got {reflection!r}")
     if isinstance(n_rotations, bool) or not isinstance(n_rotations, numbers.Integral):
         raise TypeError(f"n_rotations: expected an int >= 1, got {n_rotations!r}")
     if n_rotations < 1:
@@ -121,7 +141,8 @@ def make_search_grid(group="se2", max_rotation=180.0, n_rotations=36, max_transl
     shifts = translation_grid(max_translation) if trans else np.zeros((1, 2))
     return SearchGrid(group, angles, shifts.astype(np.int64),
                       max_rotation if rot else 0.0,
-                      float(max_translation) if trans else 0.0, bool(refine))
+                      float(max_translation) if trans else 0.0, bool(refine),
+                      bool(reflection))
 
 
 def check_int(value, name, minimum, allow_none=False):

@@ -81,14 +81,21 @@ def shift_margin(shifts: np.ndarray) -> int:
     return int(np.abs(shifts).max()) if len(shifts) else 0
 
 
-def warp_keys(Y: torch.Tensor, angles: torch.Tensor, pad: int = 0) -> torch.Tensor:
+def warp_keys(Y: torch.Tensor, angles: torch.Tensor, pad: int = 0,
+              reflection: bool = False) -> torch.Tensor:
     """Every image rotated by every angle onto a canvas with a margin of ``pad`` pixels.
 
-    ``(n, C, H, W) -> (n, R, C (H + 2 pad) (W + 2 pad))``. The rotation is about the image's own
-    centre (the canvas is padded symmetrically), and what a rotation moves outside ``H x W`` but
-    inside the margin is kept, so that a later shift by at most ``pad`` pixels brings it back
-    exactly as one ``warp_se2`` with the composed transformation would.
+    ``(n, C, H, W) -> (n, R, C (H + 2 pad) (W + 2 pad))``; with ``reflection``,
+    ``(n, 2 R, ...)``: the ``R`` warps of the image, then the ``R`` warps of its mirror image
+    (``Y.flip(-1)``, the mirror of :mod:`invariant_cluster.transforms`' Convention, applied
+    before the rotation), so that grid point ``r`` of the second half decodes to mirror bit 1.
+    The rotation is about the image's own centre (the canvas is padded symmetrically), and what
+    a rotation moves outside ``H x W`` but inside the margin is kept, so that a later shift by
+    at most ``pad`` pixels brings it back exactly as one ``warp_se2`` with the composed
+    transformation would.
     """
+    if reflection:
+        return torch.cat([warp_keys(Y, angles, pad), warp_keys(Y.flip(-1), angles, pad)], 1)
     if pad:
         Y = F.pad(Y, (pad, pad, pad, pad))
     n = Y.shape[0]
@@ -137,7 +144,7 @@ def shift_energies(Kw: torch.Tensor, shifts: np.ndarray, shape) -> torch.Tensor:
 def _warped_chunk(Y: torch.Tensor, grid: SearchGrid):
     """Keys warped onto the canvas, and their energies: ``(c, R, F)``, ``(c, R, S)``."""
     angles = torch.as_tensor(grid.angles, dtype=Y.dtype, device=Y.device)
-    Kw = warp_keys(Y, angles, pad=shift_margin(grid.shifts))
+    Kw = warp_keys(Y, angles, pad=shift_margin(grid.shifts), reflection=grid.reflection)
     return Kw, shift_energies(Kw, grid.shifts, tuple(Y.shape[1:]))
 
 
@@ -145,7 +152,7 @@ def _sizes(X: torch.Tensor, n_y: int, grid: SearchGrid, batch_size, budget: int)
     """``(key_chunk, query_block)``: warped keys of a chunk, and a block's scores, ~ budget."""
     m = shift_margin(grid.shifts)
     canvas = X.shape[1] * (X.shape[2] + 2 * m) * (X.shape[3] + 2 * m)
-    R, S = len(grid.angles), len(grid.shifts)
+    R, S = grid.n_mirrors * len(grid.angles), len(grid.shifts)
     key_chunk = int(max(1, min(n_y, budget // max(1, R * canvas))))
     if batch_size is None:
         batch_size = int(max(1, min(_memory.MAX_QUERIES_PER_BLOCK,
@@ -257,7 +264,7 @@ def blocked_grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k
     n_x, n_y = X.shape[0], Y.shape[0]
     device, dtype = X.device, X.dtype
     Y = Y.to(device=device, dtype=dtype)
-    R, S = len(grid.angles), len(grid.shifts)
+    R, S = grid.n_mirrors * len(grid.angles), len(grid.shifts)
     m = shift_margin(grid.shifts)
     canvas = X.shape[1] * (X.shape[2] + 2 * m) * (X.shape[3] + 2 * m)
     es = X.element_size()

@@ -26,9 +26,17 @@ def refine_alignments(Xp: torch.Tensor, Yp: torch.Tensor, params: torch.Tensor,
     the pair's residual, so the result is never worse than the start. Angles stay within
     ``+-max_rotation`` (no bound for the full circle) and shifts within ``+-max_translation``.
 
-    Returns ``(dist, params)`` with ``dist[p] = ||Xp[p] - warp(Yp[p], params[p])||^2``.
+    Returns ``(dist, params)`` with ``dist[p] = ||Xp[p] - warp(Yp[p], params[p])||^2``. With
+    ``(P, 4)`` parameters (E(2)) the mirror bit stays as it is: the pair's key is mirrored, and
+    its angle and shift are refined.
     """
     P = Xp.shape[0]
+    if params.shape[-1] == 4:
+        mirror = params[:, 3:]
+        flip = mirror[:, 0, None, None, None] > 0.5
+        d, p = refine_alignments(Xp, torch.where(flip, Yp.flip(-1), Yp), params[:, :3], grid,
+                                 n_steps=n_steps)
+        return d, torch.cat([p, mirror], 1)
     free = torch.tensor(grid.free, device=Xp.device)
     if P == 0 or not grid.refine or not bool(free.any()):
         W = fast_warp(Yp, params)
@@ -93,13 +101,13 @@ def refine_pairs(X: torch.Tensor, Y: torch.Tensor, qi: torch.Tensor, kj: torch.T
 def all_pairs(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, batch_size=None):
     """Grid search over every pair, then (``grid.refine``) refinement of every pair.
 
-    Returns ``(D (n_x, n_y), params (n_x, n_y, 3))``.
+    Returns ``(D (n_x, n_y), params (n_x, n_y, grid.n_params))``.
     """
     D, P = grid_search(X, Y, grid, batch_size=batch_size)
     if grid.refine and any(grid.free):
         n_x, n_y = D.shape
         qi = torch.arange(n_x, device=X.device).repeat_interleave(n_y)
         kj = torch.arange(n_y, device=X.device).repeat(n_x)
-        d, p = refine_pairs(X, Y, qi, kj, P.reshape(-1, 3), grid)
-        D, P = d.reshape(n_x, n_y), p.reshape(n_x, n_y, 3)
+        d, p = refine_pairs(X, Y, qi, kj, P.reshape(-1, P.shape[-1]), grid)
+        D, P = d.reshape(n_x, n_y), p.reshape(n_x, n_y, -1)
     return D, P

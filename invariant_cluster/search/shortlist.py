@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -131,6 +132,13 @@ def shortlist_descriptors(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *,
     """
     if descriptor not in ("steerable", "modulus"):
         raise ValueError(f"descriptor: expected 'steerable' or 'modulus', got {descriptor!r}")
+    if grid.reflection:
+        # the mirrored keys are more key variants: the shortlist keeps the best of them
+        plain = replace(grid, reflection=False)
+        X_desc, Y_desc = shortlist_descriptors(X, Y, plain, descriptor=descriptor)
+        # (one query image only: the mirror call is for the keys' descriptors)
+        Y_mirror = shortlist_descriptors(X[:1], Y.flip(-1), plain, descriptor=descriptor)[1]
+        return X_desc, torch.cat([Y_desc, Y_mirror], 1)
     rot, trans, _ = grid.free
     if not rot and not trans:  # plain distances: the pixels are the exact descriptor
         return X.reshape(X.shape[0], 1, -1), Y.reshape(Y.shape[0], 1, -1)

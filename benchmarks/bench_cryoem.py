@@ -1,0 +1,377 @@
+"""Cryo-EM 2D classification against ASPIRE, on ASPIRE's own simulated projections.
+
+The field's Python library is ASPIRE. Its ``RIRClass2D`` (bispectrum of steerable-PCA
+coefficients, nearest neighbours, reflections allowed) finds each image's neighbours in viewing
+direction, and an aligning averager (``BFTAverager2D``: brute-force shifts of +-L/32 px, polar
+cross-correlation over 360 angles, reflections applied) averages them into class averages.
+This benchmark runs both on the same images, and ours:
+
+- ``knn``: :class:`~invariant_cluster.InvariantKNeighborsTransformer` (72 angles over the full
+  circle, ``max_translation`` = the data's shift range; refinement with ``--refine``, off by
+  default: on this 2-core machine it took 10 times the grid search), ``kneighbors`` with the
+  alignments;
+- ``one-step``: each image and its k invariant nearest neighbours, each warped onto the image by
+  the returned alignment, averaged (one step, no iteration);
+- ``means``: ``InvariantAttentionClusterer(n_rotations=72, max_translation=...)`` fitted on the
+  images, its ``invariant_means_`` (each image's converged mean, in its own pose).
+
+``--methods`` picks among ``knn``, ``knn-mirror``, ``knn-mirror-blur``, ``means`` and
+``means-mirror``: ``-mirror`` is ``reflection=True`` (the search also covers mirror images, as
+ASPIRE's does); ``-blur`` searches on Gaussian-blurred copies (``--blur`` px), a low-pass like
+the steerable-PCA truncation before ASPIRE's bispectrum, and averages the noisy images with
+the alignments found there.
+
+Data (part ``aspire``, run under the ASPIRE environment): ``aspire.source.Simulation`` of one
+``aspire.volume.AsymmetricVolume`` (L = 64, seed 0), ``--n`` images (2,000), no CTF, amplitudes 1,
+white noise from ``WhiteNoiseAdder.from_snr`` at SNR 4, 1, 1/4, 1/16, and offsets either 0 or
+uniform in +-2 px. The noisy images, the CLEAN images (same pose and offset, no noise) and the
+rotations are written to an ``.npz`` per setting in ``--workdir`` (default
+``$TMPDIR/invariant_cluster_cryoem``; never committed), with ASPIRE's neighbours, reflections,
+class averages and seconds.
+
+Measures, per method:
+
+- ``nbr10``: the share of the 10 nearest neighbours (self excluded) within 10 degrees of the
+  query's viewing direction, and ``med_angle`` the median angle over those pairs. The viewing
+  direction of image i is the third column of ASPIRE's ``rotations[i]`` (checked: an in-plane
+  rotation of the projection leaves it unchanged). Mirrors: the projection from ``-v`` is the
+  mirror image of the projection from ``v``, so for a pair that the METHOD reports as mirrored
+  (ASPIRE's ``reflections`` flag; our mirror bit once ``reflection=True`` exists) the angle is
+  between ``v_i`` and ``-v_j``; for a pair reported unmirrored it is between ``v_i`` and ``v_j``.
+  A method is thus credited only for the relation it claims. Chance level (uniform directions):
+  ``1 - cos(10 deg)`` = 0.015 without mirrors, twice that with.
+- Centres: ASPIRE centres its images at pixel ``(L/2, L/2)``, this package at
+  ``((L-1)/2, (L-1)/2)``; for an even L, ours are given, and every method is scored on, the
+  ``(L-1) x (L-1)`` crop without the first row and column, whose centre is ASPIRE's (see the
+  maintenance note in ``ours_part``).
+- ``corr``: the median Pearson correlation, over ``--n-avg`` images (the first ones; ASPIRE's
+  averager is the slow part), of each image's class average with its clean image. ASPIRE's
+  class average of class i is in the pose of its reference image i, as ours are.
+  ``noisy``: the noisy image itself.
+- ``seconds``: wall time of the neighbour search (ASPIRE: ``classify``, i.e. steerable PCA,
+  bispectrum and nearest neighbours of all n images; ours: ``kneighbors`` of all n) and of the
+  class averages (ASPIRE: the averager on ``--n-avg`` classes, also extrapolated to all n; ours:
+  the one-step average of all n; ``means``: the whole ``fit``). All with ``--threads`` threads
+  (1 by default) on the same machine, one job at a time.
+
+Install ASPIRE in its own virtual environment (it pins its own numpy/scipy; CI does not need
+it)::
+
+    python -m venv /work/aspire-venv && /work/aspire-venv/bin/pip install aspire
+
+Commands::
+
+    python benchmarks/bench_cryoem.py --aspire-python /work/aspire-venv/bin/python
+    ASPIRE_PYTHON=/work/aspire-venv/bin/python python benchmarks/bench_cryoem.py --quick
+    python benchmarks/bench_cryoem.py --snr 1 --shift 0 --skip-aspire   # reuse the .npz
+
+Writes ``benchmarks/results/cryoem.json`` (``cryoem_quick.json`` with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+K_METRIC = 10
+ANGLE_DEG = 10.0
+
+
+def _tag(snr, shift, n):
+    return f"snr{snr:g}_shift{shift:g}_n{n}"
+
+
+# --------------------------------------------------------------------------- part (a): ASPIRE
+def aspire_part(args):
+    """Simulate, classify and average with ASPIRE; write everything to one .npz."""
+    import aspire
+    from aspire.classification import BFTAverager2D, RIRClass2D
+    from aspire.noise import WhiteNoiseAdder
+    from aspire.source import ArrayImageSource, Simulation
+    from aspire.volume import AsymmetricVolume
+
+    L, n = args.L, args.n
+    vol = AsymmetricVolume(L=L, C=1, seed=0, dtype=np.float64).generate()
+    rng = np.random.default_rng(1)
+    offsets = rng.uniform(-args.shift, args.shift, (n, 2)) if args.shift > 0 else 0
+    sim = Simulation(L=L, n=n, vols=vol, offsets=offsets, amplitudes=1, seed=0,
+                     dtype=np.float64,
+                     noise_adder=WhiteNoiseAdder.from_snr(args.snr, seed=2))
+    noisy = sim.images[:].asnumpy().astype(np.float32)
+    clean = sim.clean_images[:].asnumpy().astype(np.float32)
+    rots = np.asarray(sim.rotations, dtype=np.float64)
+    # a fixed array source: the classifier and the averager read exactly the saved images
+    src = ArrayImageSource(noisy.astype(np.float64), pixel_size=sim.pixel_size)
+
+    t0 = time.perf_counter()
+    clf = RIRClass2D(src, fspca_components=400, bispectrum_components=300,
+                     n_nbor=args.k + 1, large_pca_implementation="legacy",
+                     nn_implementation="legacy", bispectrum_implementation="legacy", seed=0)
+    classes, refl, dist = clf.classify()
+    t_classify = time.perf_counter() - t0
+
+    m = min(args.n_avg, n)
+    t0 = time.perf_counter()
+    averager = BFTAverager2D(clf.pca_basis.basis, src, dtype=np.float64)
+    avgs = averager.average(classes[:m], refl[:m]).asnumpy().astype(np.float32)
+    t_avg = time.perf_counter() - t0
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(out, noisy=noisy, clean=clean, rotations=rots,
+             offsets=np.broadcast_to(np.asarray(offsets, dtype=np.float64), (n, 2)),
+             classes=np.asarray(classes), reflections=np.asarray(refl, dtype=bool),
+             distances=np.asarray(dist), averages=avgs,
+             seconds_classify=t_classify, seconds_average=t_avg, n_avg=m,
+             aspire_version=aspire.__version__, snr=args.snr, shift=args.shift)
+    print(f"ASPIRE {aspire.__version__}: classify {t_classify:.1f} s, averages of {m} "
+          f"classes {t_avg:.1f} s -> {out}", flush=True)
+
+
+# --------------------------------------------------------------------------- metrics
+def viewing_directions(rots):
+    """Third column of each rotation: invariant under in-plane rotations of the projection."""
+    return rots[:, :, 2]
+
+
+def neighbour_angles(rots, ind, mirrored=None):
+    """Angle in degrees between each query's viewing direction and each neighbour's.
+
+    A neighbour reported as mirrored is compared with the opposite direction (its projection is
+    the mirror image of the projection from ``-v``).
+    """
+    v = viewing_directions(rots)
+    dots = np.einsum("id,ikd->ik", v, v[ind])
+    if mirrored is not None:
+        dots = np.where(mirrored, -dots, dots)
+    return np.degrees(np.arccos(np.clip(dots, -1.0, 1.0)))
+
+
+def neighbour_scores(rots, ind, mirrored=None):
+    ang = neighbour_angles(rots, ind[:, :K_METRIC],
+                           None if mirrored is None else mirrored[:, :K_METRIC])
+    return {"nbr10": float(np.mean(ang <= ANGLE_DEG)), "med_angle": float(np.median(ang))}
+
+
+def correlations(A, B):
+    """Pearson correlation of each pair of images (rows)."""
+    a = A.reshape(len(A), -1).astype(np.float64)
+    b = B.reshape(len(B), -1).astype(np.float64)
+    a = a - a.mean(1, keepdims=True)
+    b = b - b.mean(1, keepdims=True)
+    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1),
+                                       1e-30)
+
+
+# --------------------------------------------------------------------------- part (b): ours
+def one_step_average(X, ind, tau, k):
+    """Each image and its ``k`` nearest neighbours warped onto it, averaged."""
+    import torch
+
+    from invariant_cluster import warp_se2
+
+    n = X.shape[0]
+    Xt = torch.as_tensor(X)
+    acc = Xt.clone()
+    for j in range(k):  # k warps of n images each (a loop over neighbour rank, not pairs)
+        acc += warp_se2(Xt[torch.as_tensor(ind[:, j])],
+                        torch.as_tensor(tau[:, j], dtype=Xt.dtype))
+    return (acc / (k + 1)).numpy().reshape(n, *X.shape[1:])
+
+
+def ours_part(data, args):
+    from invariant_cluster import InvariantAttentionClusterer, InvariantKNeighborsTransformer
+
+    # Maintenance note: ASPIRE's images are centred at pixel (L/2, L/2), ours (the rotation
+    # centre and the mirror axis of invariant_cluster.transforms) at ((L-1)/2, (L-1)/2). For an
+    # even L every rotation about the wrong centre is also a shift of up to 0.7 px: a quarter
+    # turn of a clean ASPIRE projection then differs from the projection turned by 90 degrees
+    # by 11% of its peak, and by 0 (round-off) once the first row and column are dropped. So
+    # ours are given, and every method is scored on, that (L-1) x (L-1) crop, whose centre is
+    # ASPIRE's (ASPIRE itself runs on the full images, in its own convention).
+    even = data["noisy"].shape[-1] % 2 == 0
+    crop = (slice(None), slice(1, None), slice(1, None)) if even else ...
+    X = data["noisy"][crop]
+    clean = data["clean"][crop]
+    rots = data["rotations"]
+    shift = float(data["shift"])
+    m = int(data["n_avg"])
+    rows = []
+
+    def row(method, **kw):
+        r = {"snr": float(data["snr"]), "shift": shift, "method": method, **kw,
+             "load_average": os.getloadavg()[0]}
+        rows.append(r)
+        return r
+
+    # baseline: the noisy image itself
+    row("noisy", corr=float(np.median(correlations(X[:m], clean[:m]))))
+
+    # ASPIRE, from part (a)
+    refl = data["reflections"]
+    classes = data["classes"]
+    sc = neighbour_scores(rots, classes[:, 1:], refl[:, 1:])
+    sc_unmirrored = float(np.mean(~refl[:, 1:K_METRIC + 1]))
+    n = X.shape[0]
+    row("ASPIRE RIRClass2D + BFTAverager2D", **sc,
+        share_mirrored=1.0 - sc_unmirrored,
+        corr=float(np.median(correlations(data["averages"][crop][:m], clean[:m]))),
+        seconds_neighbors=float(data["seconds_classify"]),
+        seconds_averages=float(data["seconds_average"]),
+        seconds_averages_all_n=float(data["seconds_average"]) * n / m)
+
+    Xi = X.reshape(n, 1, *X.shape[1:])
+    for method in args.methods:
+        mirror = method.endswith("mirror") or "mirror-" in method
+        if method.startswith("knn"):
+            # the invariant kNN transformer (72 angles), then the one-step aligned average: the
+            # computation of class_averages(X, n_neighbors=k, n_rotations=72, ...), done here
+            # from the same search so that the neighbours are scored too
+            blur = args.blur if method.endswith("blur") else 0.0
+            knn = InvariantKNeighborsTransformer(n_neighbors=args.k, n_rotations=72,
+                                                 max_translation=shift, refine=args.refine,
+                                                 reflection=mirror, device="cpu")
+            t0 = time.perf_counter()
+            Xs = X
+            if blur:
+                from scipy.ndimage import gaussian_filter
+
+                Xs = gaussian_filter(X, (0, blur, blur))
+            knn.fit(Xs)
+            _, ind, tau = knn.kneighbors(return_alignments=True)
+            t_knn = time.perf_counter() - t0
+            mirrored = tau[..., 3].astype(bool) if mirror else None
+            t0 = time.perf_counter()
+            avg = one_step_average(Xi, ind, tau, args.k)
+            t_avg = time.perf_counter() - t0
+            name = (f"ours: invariant kNN (72 angles{', mirrors' if mirror else ''}"
+                    f"{f', search on a blur sigma={blur:g} px' if blur else ''})"
+                    f" + one-step average of k={args.k}")
+            row(name, **neighbour_scores(rots, ind, mirrored),
+                share_mirrored=None if mirrored is None else float(
+                    mirrored[:, :K_METRIC].mean()),
+                corr=float(np.median(correlations(avg[:m], clean[:m]))),
+                corr_all_n=float(np.median(correlations(avg, clean))),
+                seconds_neighbors=t_knn, seconds_averages=t_avg)
+        elif method.startswith("means"):
+            # invariant attention to its fixed point: each sample's invariant mean
+            est = InvariantAttentionClusterer(n_rotations=72, max_translation=shift,
+                                              reflection=mirror, device="cpu", random_state=0)
+            t0 = time.perf_counter()
+            est.fit(X)
+            t_fit = time.perf_counter() - t0
+            M = est.invariant_means_.reshape(X.shape)
+            # neighbors_ carries no mirror bit: scored only without reflections
+            sc = {} if mirror else neighbour_scores(rots, est.neighbors_[:, 1:])
+            row(f"ours: InvariantAttentionClusterer(n_rotations=72"
+                f"{', reflection=True' if mirror else ''}).invariant_means_", **sc,
+                corr=float(np.median(correlations(M[:m], clean[:m]))),
+                corr_all_n=float(np.median(correlations(M, clean))),
+                seconds_fit=t_fit, n_clusters=int(est.n_clusters_))
+        else:
+            raise ValueError(f"--methods: unknown method {method!r}")
+    return rows
+
+
+# --------------------------------------------------------------------------- driver
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--part", choices=["all", "aspire"], default="all",
+                   help="'aspire' is run by the driver under the ASPIRE interpreter")
+    p.add_argument("--aspire-python", default=os.environ.get("ASPIRE_PYTHON"),
+                   help="python of the environment where ASPIRE is installed "
+                        "(default: $ASPIRE_PYTHON)")
+    p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(),
+                                                     "invariant_cluster_cryoem"))
+    p.add_argument("--snr", type=float, nargs="+", default=[4.0, 1.0, 0.25, 0.0625])
+    p.add_argument("--shift", type=float, nargs="+", default=[0.0, 2.0])
+    p.add_argument("--n", type=int, default=2000)
+    p.add_argument("--L", type=int, default=64)
+    p.add_argument("--n-avg", type=int, default=200,
+                   help="images whose class averages are compared (ASPIRE's averager is slow)")
+    p.add_argument("--k", type=int, default=10,
+                   help="neighbours per class average, ASPIRE's (n_nbor) and ours")
+    p.add_argument("--refine", action="store_true",
+                   help="refine our kNN alignments (off: the 5-degree, 1-px grid)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--skip-aspire", action="store_true",
+                   help="never run ASPIRE: only the .npz files already in --workdir")
+    p.add_argument("--force-aspire", action="store_true",
+                   help="run ASPIRE again even where its .npz is already in --workdir")
+    p.add_argument("--methods", nargs="+", default=["knn", "knn-mirror", "means"],
+                   choices=["knn", "knn-mirror", "knn-mirror-blur", "means", "means-mirror"],
+                   help="ours to run ('-mirror': reflection=True; '-blur': the search on "
+                        "Gaussian-blurred images, the average of the noisy ones)")
+    p.add_argument("--blur", type=float, default=1.5, help="sigma (px) of '-blur' methods")
+    p.add_argument("--quick", action="store_true", help="n = 600, SNR 1, no shift")
+    p.add_argument("--out", default=None)
+    # used by --part aspire
+    p.add_argument("--snr-one", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--shift-one", type=float, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.part == "aspire":
+        args.snr, args.shift = args.snr_one, args.shift_one
+        aspire_part(args)
+        return
+
+    if args.quick:
+        args.n, args.snr, args.shift, args.n_avg = 600, [1.0], [0.0], 100
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import RESULTS, environment, print_table, write_json
+
+    torch.set_num_threads(args.threads)
+    env = dict(os.environ, TQDM_DISABLE="1", OMP_NUM_THREADS=str(args.threads),
+               MKL_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
+    workdir = Path(args.workdir)
+    rows, versions = [], set()
+    out = Path(args.out) if args.out else RESULTS / (
+        "cryoem_quick.json" if args.quick else "cryoem.json")
+
+    def summary(rows):
+        return {"benchmark": "cryoem", "n": args.n, "L": args.L, "n_avg": args.n_avg,
+                "k": args.k, "refine": args.refine, "blur": args.blur, "threads": args.threads,
+                "methods": args.methods, "aspire_version": sorted(versions),
+                "environment": environment(),
+                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "rows": rows}
+    for shift in args.shift:
+        for snr in args.snr:
+            npz = workdir / f"{_tag(snr, shift, args.n)}.npz"
+            if not args.skip_aspire and not (npz.exists() and not args.force_aspire):
+                if not args.aspire_python:
+                    p.error("--aspire-python (or $ASPIRE_PYTHON) is required to run ASPIRE; "
+                            "see the module docstring to install it")
+                cmd = [args.aspire_python, str(Path(__file__).resolve()), "--part", "aspire",
+                       "--snr-one", repr(snr), "--shift-one", repr(shift), "--n", str(args.n),
+                       "--L", str(args.L), "--n-avg", str(args.n_avg),
+                       "--k", str(args.k), "--out", str(npz)]
+                # ASPIRE writes its log files into the working directory: keep them out of
+                # the repository
+                workdir.mkdir(parents=True, exist_ok=True)
+                subprocess.run(cmd, check=True, env=env, cwd=workdir)
+            with np.load(npz) as f:
+                data = {key: f[key] for key in f.files}
+            versions.add(str(data["aspire_version"]))
+            new = ours_part(data, args)
+            print_table(new, ["snr", "shift", "method", "nbr10", "med_angle", "corr"])
+            rows.extend(new)
+            write_json(summary(rows), out)  # after every setting: a partial run keeps its rows
+
+    cols = ["snr", "shift", "method", "nbr10", "med_angle", "share_mirrored", "corr",
+            "seconds_neighbors", "seconds_averages", "seconds_averages_all_n", "seconds_fit"]
+    print()
+    print_table(rows, cols)
+    write_json(summary(rows), out)
+
+
+if __name__ == "__main__":
+    main()
