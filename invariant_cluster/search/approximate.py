@@ -22,6 +22,7 @@ import warnings
 import numpy as np
 import torch
 
+from .._progress import progress_bar
 from .._third_party import import_cached
 
 __all__ = ["approximate_shortlist"]
@@ -84,13 +85,17 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
     pynndescent = import_cached("pynndescent")
     keys = np.ascontiguousarray(Yd.reshape(n_index, d).detach().cpu().numpy(), np.float32)
     queries = np.ascontiguousarray(Xd.reshape(n_x * U, d).detach().cpu().numpy(), np.float32)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), progress_bar(2, "approximate shortlist", "step") as bar:
         # numba's notes on what it could not cache or parallelise are not the user's business
         warnings.simplefilter("ignore")
+        bar.set_postfix_str(f"indexing {n_index} key copies")
         index = pynndescent.NNDescent(keys, n_neighbors=min(_INDEX_NEIGHBORS, n_index - 1),
                                       random_state=random_state,
                                       n_jobs=torch.get_num_threads(), low_memory=True)
+        bar.update()
+        bar.set_postfix_str(f"querying {n_x * U} query copies")
         found, dist = index.query(queries, k=kq, epsilon=_QUERY_EPSILON)
+        bar.update()
     del index
     found = torch.as_tensor(found.astype(np.int64)).reshape(n_x, U * kq)
     dist = torch.as_tensor(dist.astype(np.float32)).reshape(n_x, U * kq)

@@ -169,6 +169,7 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
         pair_ids.append(torch.where(valid, order[pos], -1))
     xsq = (X.reshape(n_x, -1) ** 2).sum(1)
     results = blocked_map(_key_block, blocks, shared=(X, xsq, grid.shifts, angles),
+                          desc="exact search of the candidates",
                           client=client)
     dist_all = torch.full((n_x * c,), math.inf, dtype=dtype, device=device)
     arg_all = torch.zeros((n_x * c,), dtype=torch.long, device=device)

@@ -18,6 +18,7 @@ import math
 import torch
 
 from .. import _memory
+from .._progress import progress_bar
 from ..transforms import rotation_grid, translation_grid
 from .candidates import candidate_search
 from .descriptors import invariant_descriptors, steerable_descriptors
@@ -85,7 +86,9 @@ def shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *, batch
     ysq = (Yflat * Yflat).sum(1)
     out = torch.empty((n_x, m), dtype=torch.long, device=device)
     exclude = None if exclude is None else exclude.to(device)
+    bar = progress_bar(-(-n_x // qb), "descriptor shortlist")
     for q0 in range(0, n_x, qb):
+        bar.update()
         Q = Xd[q0:q0 + qb].reshape(-1, d)
         b = Q.shape[0] // U
         qsq = (Q * Q).sum(1).reshape(b, 1, U, 1)
@@ -100,6 +103,7 @@ def shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *, batch
             mask_excluded(D, keys, ex)
             top = merge_topk(top, D, keys.expand(b, -1), None, m)
         out[q0:q0 + b] = top[1]
+    bar.close()
     return out
 
 
