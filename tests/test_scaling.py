@@ -8,6 +8,7 @@ import torch
 
 from invariant_cluster import InvariantAttentionClusterer, _memory
 from invariant_cluster.datasets import make_transformed
+from invariant_cluster.search import approximate as approx_module
 from invariant_cluster.search import (
     grid_search,
     make_search_grid,
@@ -15,7 +16,6 @@ from invariant_cluster.search import (
     shortlist,
     shortlist_descriptors,
 )
-from invariant_cluster.search import approximate as approx_module
 from invariant_cluster.search.approximate import approximate_shortlist
 
 
