@@ -64,7 +64,9 @@ GRAPH_CANDIDATE_FACTOR = 2
 # checked against every key (k = 15): Fashion-MNIST (+-15 degrees, 7 angles, +-1 px) recall of
 # the exact top-15 0.977 with 96 approximate candidates (0.943 with 64; the exact descriptor
 # shortlist of 64 holds 0.956), MNIST rotated +-45 degrees (+-60, 24 angles) 0.960 with 64
-# (exact shortlist 0.961). At 70,000 Fashion-MNIST images the exact shortlist took 1,039 s.
+# (exact shortlist 0.961). At 70,000 Fashion-MNIST images the exact shortlist took 1,039 s; the
+# approximate one kept only 0.907 of the exact top-15 (500 queries, benchmarks/results/
+# scaling_fashion70k.json): the graph entries per query may need to grow with n.
 APPROXIMATE_MIN_KEYS = 10_000
 APPROXIMATE_CANDIDATES_PER_NEIGHBOR = 6
 APPROXIMATE_MIN_CANDIDATES = 96
