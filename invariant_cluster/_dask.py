@@ -81,7 +81,8 @@ def resolve_client(client=None):
     return client
 
 
-def blocked_map(fn: Callable, blocks: Iterable, *, shared: Sequence = (), client=None) -> list:
+def blocked_map(fn: Callable, blocks: Iterable, *, shared: Sequence = (), client=None,
+                desc=None) -> list:
     """``[fn(block, *shared) for block in blocks]``, locally or as one dask task per block.
 
     Parameters
@@ -95,6 +96,8 @@ def blocked_map(fn: Callable, blocks: Iterable, *, shared: Sequence = (), client
         Inputs every task needs (e.g. the warped keys): scattered to all workers once.
     client : dask.distributed.Client or None
         None: joblib's dask backend's client if that backend is active, else this process.
+    desc : str, optional
+        Label of the progress bar over the blocks (shown with an estimator's ``verbose=1``).
 
     Returns
     -------
@@ -102,15 +105,24 @@ def blocked_map(fn: Callable, blocks: Iterable, *, shared: Sequence = (), client
         In the order of ``blocks``; identical to the local computation (same function on the
         same inputs).
     """
+    from ._progress import progress_bar
+
     blocks = list(blocks)
     client = resolve_client(client)
-    if client is None or not blocks:
-        return [fn(b, *shared) for b in blocks]
-    # one scatter per shared object; wrapping in a list keeps dask from splitting a sequence
-    futures_shared = [client.scatter([s], broadcast=True)[0] for s in shared]
-    futures = [client.submit(fn, b, *futures_shared, pure=False) for b in blocks]
-    try:
-        return client.gather(futures)
-    finally:
-        for f in (*futures, *futures_shared):
-            f.release()
+    with progress_bar(len(blocks), desc or getattr(fn, "__name__", "blocks")) as bar:
+        if client is None or not blocks:
+            out = []
+            for b in blocks:
+                out.append(fn(b, *shared))
+                bar.update()
+            return out
+        # one scatter per shared object; wrapping in a list keeps dask from splitting a sequence
+        futures_shared = [client.scatter([s], broadcast=True)[0] for s in shared]
+        futures = [client.submit(fn, b, *futures_shared, pure=False) for b in blocks]
+        for f in futures:
+            f.add_done_callback(lambda _: bar.update())
+        try:
+            return client.gather(futures)
+        finally:
+            for f in (*futures, *futures_shared):
+                f.release()

@@ -16,6 +16,7 @@ import torch
 
 from ._grouping import graph_modes
 from ._memory import block_elements
+from ._progress import progress_bar
 from .transforms import fast_warp
 
 __all__ = ["calibrate_bandwidth", "attention_weights", "iterate_attention", "mean_shift",
@@ -132,6 +133,8 @@ def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=N
     W = Xt.new_zeros((n, k + 1))
     moves = Xt.new_zeros(max(max_iter, 1))
     done = 0
+    # the bar counts the rows that stopped moving (they leave the batch at each check)
+    bar = progress_bar(n, "attention iteration", "row")
     for r0 in range(0, n, rows_per):
         rows = torch.arange(r0, min(n, r0 + rows_per), device=Xt.device)
         keys = _aligned_keys(Xt, rows, idx[rows], P[rows])
@@ -143,7 +146,7 @@ def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=N
         # and leave the batch (they keep their mean), so late iterations cost little
         act = torch.arange(len(rows), device=Xt.device)
         ka, kq, sa, ra, ma = keys, ksq, s, r, m.clone()
-        it = 0
+        it = stopped = 0
         while it < max_iter:
             mk = torch.bmm(ka, ma[:, :, None])[..., 0]
             d = ((ma * ma).sum(1, keepdim=True) - 2.0 * mk + kq).clamp(min=0).sqrt()
@@ -156,14 +159,20 @@ def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=N
             if it % _CHECK_EVERY == 0:
                 m[act] = ma
                 keep = step >= tol
-                if not bool(keep.any()):
+                n_moving = int(keep.sum())
+                bar.update(len(act) - n_moving)
+                stopped += len(act) - n_moving
+                bar.set_postfix_str(f"iteration {it}, {n_moving} rows of the block moving")
+                if not n_moving:
                     break
                 act, ka, kq, sa, ra, ma = (t[keep] for t in (act, ka, kq, sa, ra, ma))
+        bar.update(len(rows) - stopped)  # the rows still moving when max_iter stopped them
         m[act] = ma
         d = torch.linalg.vector_norm(m[:, None] - keys, dim=2)
         W[rows] = attention_weights(d, r, s, bandwidth)
         M[rows] = m
         done = max(done, it)
+    bar.close()
     history = moves[:done].cpu().tolist()
     below = [t for t, h in enumerate(history) if h < tol]
     converged = bool(below) or max_iter == 0
@@ -229,7 +238,9 @@ def blurring_mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, bat
     history, converged, stable, previous = [], max_iter == 0, 0, None
     tol_modes = (rho + sigma).cpu().numpy()
     idx_np = idx.cpu().numpy()
+    bar = progress_bar(max_iter, "blurring iteration", "iteration")
     for _ in range(max_iter):
+        bar.update()
         new = torch.empty_like(M).reshape(n, nf)
         edge = Xt.new_zeros((n, k))
         move = Xt.new_zeros(())
@@ -251,6 +262,7 @@ def blurring_mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, bat
         if history[-1] < tol or stable >= _STABLE_ITERS - 1:
             converged = True
             break
+    bar.close()
     return M, W, history, converged
 
 

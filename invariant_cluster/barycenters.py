@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from ._progress import progress_bar
 from ._utils import check_real_dtype, resolve_device
 from .alignment import to_images
 from .search import grid_search, make_search_grid, refine_alignments
@@ -146,6 +147,7 @@ def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
     centers = []
     params = torch.zeros((Xt.shape[0], grid.n_params), dtype=Xt.dtype, device=Xt.device)
     density = torch.nan_to_num(D_knn, posinf=0.0).mean(1)
+    bar = progress_bar(n_clusters, "cluster centres", "cluster")
     for c in range(n_clusters):  # a loop over clusters; each step is batched over its members
         members = torch.as_tensor(np.flatnonzero(labels == c), device=Xt.device)
         w = torch.full((len(members),), 1.0 / len(members), dtype=Xt.dtype, device=Xt.device)
@@ -159,6 +161,8 @@ def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
             mu = (w[:, None, None, None] * fast_warp(Xc, p)).sum(0)
         centers.append(mu)
         params[members] = p
+        bar.update()
+    bar.close()
     return torch.stack(centers), params
 
 

@@ -168,7 +168,9 @@ def _estimator_params(args, **fixed):
              "batch_size"]
     params = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
     params["random_state"] = args.seed
-    params["verbose"] = args.verbose
+    # on a terminal the estimator's progress bars are on (stderr), unless --quiet
+    params["verbose"] = max(args.verbose, int(not getattr(args, "quiet", False)
+                                              and sys.stderr.isatty()))
     params.update(fixed)
     return params
 

@@ -31,6 +31,8 @@ from ._iteration import (  # noqa: F401 - the iteration's names, importable from
     iterate_attention,
     mean_shift,
 )
+from ._progress import progress, progress_bar
+from ._third_party import import_cached
 from ._utils import resolve_device
 from .barycenters import cluster_means
 from .search import all_pairs, candidate_search, knn_search
@@ -145,15 +147,20 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         keys per query and only those are aligned (:mod:`invariant_cluster.neighbors`).
         "auto": exact while ``n_samples x`` (grid size) is at most ``4000 x 36``.
     n_candidates : int, optional
-        Shortlist length (None: ``max(4 n_neighbors, 64)``).
+        Shortlist length (None: ``max(4 n_neighbors, 64)``; ``max(6 n_neighbors, 96)`` from
+        10,000 images on, where pynndescent's approximate search finds the shortlist).
     client : dask.distributed.Client, optional
         Run the alignment searches block by block on a Dask cluster (identical results).
     n_jobs : int, optional
         Threads for torch and the BLAS/OpenMP pools during ``fit``/``predict``/``transform``
         (None: as set by ``OMP_NUM_THREADS`` or threadpoolctl; -1: all cores).
     random_state : int, RandomState instance or None
-        Seeds umap-learn's layout and k-means' starts (``n_clusters`` given).
+        Seeds the grouping (Leiden's optimiser; umap-learn's layout and k-means' starts with
+        ``grouping="umap"``).
     verbose : int, default=0
+        1: tqdm progress bars on standard error over the blocks of the searches, the rows of
+        the attention iteration still moving, the grouping and the centres, and a line per
+        stage with its time. 0: silent.
     reflection : bool, default=False
         Also search the mirror images (the group E(2) = SE(2) x {identity, mirror}; the
         mirror is a horizontal flip about the image centre, before the rotation, see
@@ -308,7 +315,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
         k = int(min(self.n_neighbors, n - 1))
         t0 = time.perf_counter()
-        with _thread_limit(self.n_jobs), torch.no_grad():
+        with _thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose):
             Xt = self._tensor(X2, dev)
             # 1. search: the invariant kNN graph of the samples (squared distances)
             D, idx, P = knn_search(Xt, Xt, grid, k, method=self.neighbor_search,
@@ -323,7 +330,11 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
                 max_iter=self.max_iter, tol=self.tol, batch_size=self.batch_size)
             self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
             # 4. group: Leiden on the samples' graph or its union with the means' graph
+            stage = progress_bar(1, "grouping", "stage")
+            import_cached("umap")  # umap-learn quiet, its compiled functions cached on disk
             labels, Dg = self._group(D, idx, M, grid, k, seed)
+            stage.update()
+            stage.close()
             self._log(f"{int(labels.max()) + 1} clusters ({time.perf_counter() - t0:.1f} s)")
             # 5. centres: each cluster's invariant mean, started at its densest converged mean
             centers, params = cluster_means(Xt, M, labels, self._grid(), self.batch_size, Dg)

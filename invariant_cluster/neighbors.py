@@ -42,6 +42,7 @@ from ._memory import (  # noqa: F401 - re-exported: the memory policy is public 
     memory_budget,
 )
 from .search import (  # noqa: F401 - the engine's names, importable from here as before
+    approximate_shortlist,
     blocked_grid_search,
     candidate_search,
     invariant_descriptors,
@@ -58,6 +59,7 @@ __all__ = [
     "steerable_descriptors",
     "shortlist_descriptors",
     "shortlist",
+    "approximate_shortlist",
     "candidate_search",
     "neighbor_search",
     "blocked_grid_search",

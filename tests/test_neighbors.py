@@ -282,9 +282,12 @@ class TestNeighborSearch:
         assert torch.equal(I[:, 0], torch.arange(30))  # each image is its own nearest
 
     def test_default_n_candidates(self):
-        assert default_n_candidates(32, 10_000) == 128
-        assert default_n_candidates(4, 10_000) == 64
+        assert default_n_candidates(32, 9_999) == 128
+        assert default_n_candidates(4, 9_999) == 64
         assert default_n_candidates(32, 50) == 50
+        # from 10,000 keys on the approximate shortlist keeps max(6 k, 96)
+        assert default_n_candidates(32, 10_000) == 192
+        assert default_n_candidates(4, 70_000) == 96
 
 
 class TestAlignedWeightedSum:

@@ -8,6 +8,8 @@ Layers, bottom up (each module imports only those above it in this list):
   top-``k`` merge) and the exact all-pairs search, local or on Dask blocks;
 - :mod:`.candidates`: the exact search restricted to candidate keys;
 - :mod:`.descriptors` and :mod:`.shortlist`: the descriptor shortlist and ``neighbor_search``;
+- :mod:`.approximate`: the shortlist by pynndescent's graph search, the default from
+  ``_memory.APPROXIMATE_MIN_KEYS`` keys on;
 - :mod:`.refine`: the continuous refinement of grid alignments;
 - :mod:`.dispatch`: ``exact | shortlist | auto``, the one entry of the estimators' kNN searches.
 
@@ -15,6 +17,7 @@ Every warp goes through :mod:`invariant_cluster.transforms`; every block size an
 comes from :mod:`invariant_cluster._memory`.
 """
 
+from .approximate import approximate_shortlist
 from .candidates import candidate_search
 from .descriptors import invariant_descriptors, steerable_descriptors
 from .dispatch import knn_search
@@ -41,6 +44,7 @@ __all__ = [
     "invariant_descriptors",
     "steerable_descriptors",
     "shortlist",
+    "approximate_shortlist",
     "shortlist_descriptors",
     "neighbor_search",
     "knn_search",

@@ -169,7 +169,9 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
         blocks.append((Y[kt], torch.where(valid, query_of_pair[pos], -1)))
         pair_ids.append(torch.where(valid, order[pos], -1))
     xsq = (X.reshape(n_x, -1) ** 2).sum(1)
-    results = blocked_map(_key_block, blocks, shared=(X, xsq, grid.shifts, angles, grid.reflection),
+    results = blocked_map(_key_block, blocks,
+                          shared=(X, xsq, grid.shifts, angles, grid.reflection),
+                          desc="exact search of the candidates",
                           client=client)
     dist_all = torch.full((n_x * c,), math.inf, dtype=dtype, device=device)
     arg_all = torch.zeros((n_x * c,), dtype=torch.long, device=device)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from .. import _memory
 from .._dask import blocked_map
+from .._progress import progress_bar
 from ..transforms import fast_warp
 from .grid import SearchGrid, check_int
 
@@ -197,10 +198,12 @@ def grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k=None,
         k = int(min(k, n_y - (1 if exclude is not None else 0)))
         tops = [None] * n_x  # running top-k per query block, keyed by its first row
     kc, qb = _sizes(X, n_y, grid, batch_size, _memory.SCORE_BLOCK_ELEMENTS)
+    bar = progress_bar(-(-n_y // kc) * -(-n_x // qb), "exact search")
     for k0 in range(0, n_y, kc):
         Kw, E = _warped_chunk(Y[k0:k0 + kc], grid)
         keys = torch.arange(k0, k0 + Kw.shape[0], device=device)
         for q0 in range(0, n_x, qb):
+            bar.update()
             Q = shift_images(X[q0:q0 + qb], grid.shifts)
             dmin, arg = block_distances(Q, xsq[q0:q0 + qb], Kw, E)
             ex = None if exclude is None else exclude[q0:q0 + qb]
@@ -210,6 +213,7 @@ def grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k=None,
                 best[q0:q0 + qb, k0:k0 + kc] = arg
             else:
                 tops[q0] = merge_topk(tops[q0], dmin, keys.expand_as(dmin), arg, k)
+    bar.close()
     if k is None:
         return dist, grid.decode(best, X)
     if n_x == 0 or n_y == 0:
@@ -280,6 +284,7 @@ def blocked_grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k
               for q in range(0, n_x, batch_size)]
     kk = int(min(k, n_y - (1 if exclude is not None else 0)))
     out = blocked_map(_grid_block, blocks, shared=(Kw, E, kk, key_chunk, grid.shifts),
+                      desc="exact search",
                       client=client)
     if not out:
         return (X.new_zeros((0, kk)), torch.zeros((0, kk), dtype=torch.long, device=device),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import _memory
+from .._progress import progress_bar
 from ..transforms import fast_warp, warp_jacobian, wrap_degrees
 from .grid import SearchGrid
 from .kernel import grid_search
@@ -91,10 +92,12 @@ def refine_pairs(X: torch.Tensor, Y: torch.Tensor, qi: torch.Tensor, kj: torch.T
         max_pairs = max(1, _memory.REFINE_PAIR_ELEMENTS // nf)
     dist = torch.empty(P, dtype=X.dtype, device=X.device)
     out = torch.empty_like(params)
-    for p0 in range(0, P, max_pairs):
-        sl = slice(p0, p0 + max_pairs)
-        d, p = refine_alignments(X[qi[sl]], Y[kj[sl]], params[sl], grid)
-        dist[sl], out[sl] = d, p
+    with progress_bar(P, "refinement", "pair") as bar:
+        for p0 in range(0, P, max_pairs):
+            sl = slice(p0, p0 + max_pairs)
+            d, p = refine_alignments(X[qi[sl]], Y[kj[sl]], params[sl], grid)
+            dist[sl], out[sl] = d, p
+            bar.update(d.shape[0])
     return dist, out
 
 

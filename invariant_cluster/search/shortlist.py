@@ -19,6 +19,7 @@ from dataclasses import replace
 import torch
 
 from .. import _memory
+from .._progress import progress_bar
 from ..transforms import rotation_grid, translation_grid
 from .candidates import candidate_search
 from .descriptors import invariant_descriptors, steerable_descriptors
@@ -86,7 +87,9 @@ def shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *, batch
     ysq = (Yflat * Yflat).sum(1)
     out = torch.empty((n_x, m), dtype=torch.long, device=device)
     exclude = None if exclude is None else exclude.to(device)
+    bar = progress_bar(-(-n_x // qb), "descriptor shortlist")
     for q0 in range(0, n_x, qb):
+        bar.update()
         Q = Xd[q0:q0 + qb].reshape(-1, d)
         b = Q.shape[0] // U
         qsq = (Q * Q).sum(1).reshape(b, 1, U, 1)
@@ -101,11 +104,12 @@ def shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *, batch
             mask_excluded(D, keys, ex)
             top = merge_topk(top, D, keys.expand(b, -1), None, m)
         out[q0:q0 + b] = top[1]
+    bar.close()
     return out
 
 
 def shortlist_descriptors(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *,
-                          descriptor="steerable"):
+                          descriptor="steerable", rotate="keys"):
     """Query and key descriptors for :func:`shortlist`, chosen from the search ``grid``.
 
     Parameters
@@ -117,6 +121,12 @@ def shortlist_descriptors(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *,
         angles (about every 15 degrees) and the queries shifted by the integer shifts on a
         2-pixel lattice (every shift below 2 pixels); "modulus": :func:`invariant_descriptors`
         (invariant to all rotations, one vector per image: cheaper, lower recall).
+    rotate : {"keys", "queries", "auto"}, default="keys"
+        Which side carries the rotated copies of the steerable descriptors. "queries": the
+        queries are rotated by the opposite angles (a rotation is a unitary phase factor, so
+        every distance is the same) and each key has one copy; "auto": the queries when there
+        are more rotations than shifts. The approximate shortlist indexes the key copies, so it
+        wants few of them.
 
     Returns
     -------
@@ -165,13 +175,21 @@ def shortlist_descriptors(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *,
     n_rings = max(1, int(round(min(h, w) / 4.0)))  # about 2 pixels apart
     kw = dict(n_rings=n_rings, n_angular=_SHORTLIST_ANGULAR, n_frequencies=_SHORTLIST_FREQUENCIES,
               blur=blur)
+    if rotate not in ("keys", "queries", "auto"):
+        raise ValueError(f"rotate: expected 'keys', 'queries' or 'auto', got {rotate!r}")
+    if rotate == "auto":
+        rotate = "queries" if angles is not None and len(angles) > (
+            1 if shifts is None else len(shifts)) else "keys"
+    if rotate == "queries" and angles is not None:
+        return (steerable_descriptors(X, shifts=shifts, angles=-angles, **kw),
+                steerable_descriptors(Y, **kw))
     return (steerable_descriptors(X, shifts=shifts, **kw),
             steerable_descriptors(Y, angles=angles, **kw))
 
 
 def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_candidates=None,
                     batch_size=None, exclude=None, client=None, descriptor="steerable",
-                    candidates=None, return_candidates=False):
+                    candidates=None, return_candidates=False, approximate=None):
     """Approximate top-``k`` invariant neighbours: descriptor shortlist, then exact search.
 
     Same outputs as ``grid_search(X, Y, grid, k=k)``; a true neighbour is missed only when the
@@ -200,6 +218,11 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
         A shortlist computed elsewhere (then ``n_candidates`` and ``descriptor`` are unused).
     return_candidates : bool, default=False
         Also return the shortlist.
+    approximate : bool, optional
+        Find the shortlist with pynndescent's approximate graph search
+        (:func:`~invariant_cluster.search.approximate.approximate_shortlist`, about ``O(n log n)``)
+        instead of comparing every query with every key (``O(n^2)``). None: from
+        ``_memory.APPROXIMATE_MIN_KEYS`` keys on.
 
     Returns
     -------
@@ -226,6 +249,12 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
         n_avail = n_y - (1 if exclude is not None else 0)
         if n_candidates >= n_avail:  # the shortlist would hold every key anyway
             candidates = torch.arange(n_y, device=X.device).expand(X.shape[0], n_y)
+        elif approximate or (approximate is None and _memory.use_approximate_shortlist(n_y)):
+            from .approximate import approximate_shortlist
+
+            X_desc, Y_desc = shortlist_descriptors(X, Y, grid, descriptor=descriptor,
+                                                   rotate="auto")
+            candidates = approximate_shortlist(X_desc, Y_desc, n_candidates, exclude=exclude)
         else:
             X_desc, Y_desc = shortlist_descriptors(X, Y, grid, descriptor=descriptor)
             candidates = shortlist(X_desc, Y_desc, n_candidates, exclude=exclude)

@@ -1,0 +1,61 @@
+"""First use: a small fit in fresh processes, with and without numba's on-disk cache.
+
+umap-learn and pynndescent compile their numba functions on first use in every process.
+``invariant_cluster._third_party.import_cached`` turns numba's on-disk cache on for them, so
+that a second process loads the machine code instead. This benchmark fits
+``InvariantAttentionClusterer(n_clusters=10, max_rotation=30, n_rotations=5)`` on 300 of
+scikit-learn's digits in fresh Python processes: twice with the cache switched off (each pays
+the compilation), then twice with it on (the first may fill the cache, the second reads it),
+and checks that no "Tensorflow not installed" warning reaches standard error.
+
+    python benchmarks/bench_first_fit.py
+
+Writes ``benchmarks/results/first_fit.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, environment, print_table, write_json  # noqa: E402
+
+CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+if sys.argv[1] == "off":
+    import invariant_cluster._third_party as tp
+    tp._enable_numba_cache = lambda package: 0
+from invariant_cluster import InvariantAttentionClusterer
+from invariant_cluster.datasets import load_digits_images
+X, _ = load_digits_images(return_X_y=True)
+t1 = time.perf_counter()
+InvariantAttentionClusterer(n_clusters=10, max_rotation=30, n_rotations=5,
+                            random_state=0).fit(X[:300])
+print(json.dumps({"import_s": t1 - t0, "fit_s": time.perf_counter() - t1}))
+"""
+
+
+def main():
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    rows = []
+    for cache in ("off", "off", "on", "on"):
+        p = subprocess.run([sys.executable, "-c", CHILD, cache], capture_output=True, text=True,
+                           env=env, check=True)
+        row = {"numba_cache": cache, **json.loads(p.stdout.strip().splitlines()[-1]),
+               "tensorflow_warning": "Tensorflow not installed" in p.stderr,
+               "loadavg": os.getloadavg()}
+        rows.append(row)
+        print_table(rows[-1:], ["numba_cache", "import_s", "fit_s", "tensorflow_warning"])
+    write_json({"benchmark": "first_fit", "env": environment(), "rows": rows,
+                "note": "fresh processes in this order; a shared machine makes the times noisy"},
+               RESULTS / "first_fit.json")
+
+
+if __name__ == "__main__":
+    main()

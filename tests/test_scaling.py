@@ -1,0 +1,119 @@
+"""The large-n path: the approximate shortlist (pynndescent) and the progress bars."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from invariant_cluster import InvariantAttentionClusterer, _memory
+from invariant_cluster.datasets import make_transformed
+from invariant_cluster.search import approximate as approx_module
+from invariant_cluster.search import (
+    grid_search,
+    make_search_grid,
+    neighbor_search,
+    shortlist,
+    shortlist_descriptors,
+)
+from invariant_cluster.search.approximate import approximate_shortlist
+
+
+def _copies(smooth_images, n_protos, n_copies, size, seed):
+    """Transformed copies (+-30 degrees, +-1 px) of smooth prototype images, float32."""
+    protos = smooth_images(n_protos, size, seed=seed)
+    X = np.repeat(protos, n_copies, axis=0)
+    X, _ = make_transformed(X, max_rotation=30.0, max_translation=1, random_state=seed)
+    return torch.as_tensor(X.astype(np.float32))[:, None]
+
+
+def _recall(true_idx, found_idx):
+    return float((found_idx[:, :, None] == true_idx[:, None, :]).any(1).double().mean())
+
+
+@pytest.mark.parametrize("n_protos, n_copies, size", [(30, 10, 20), (24, 17, 24)])
+def test_default_search_beyond_threshold_is_approximate_and_recalls_exact_top_k(
+        smooth_images, monkeypatch, n_protos, n_copies, size):
+    # the threshold patched low, so that the approximate path runs on a small set
+    monkeypatch.setattr(_memory, "APPROXIMATE_MIN_KEYS", 100)
+    calls = []
+    real = approx_module.approximate_shortlist
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(approx_module, "approximate_shortlist", spy)
+    X = _copies(smooth_images, n_protos, n_copies, size, seed=n_protos)
+    n = X.shape[0]
+    grid = make_search_grid("se2", 30.0, 9, 1, refine=False)
+    own = torch.arange(n)
+    k = 15
+    _, exact, _ = grid_search(X, X, grid, k=k, exclude=own)
+    _, found, _, cand = neighbor_search(X, X, grid, k=k, exclude=own, return_candidates=True)
+    assert calls, "the approximate shortlist did not run"
+    assert cand.shape == (n, _memory.default_n_candidates(k, n))
+    assert not bool((cand == own[:, None]).any())
+    assert _recall(exact, found) >= 0.95
+
+
+def test_approximate_shortlist_contract_and_agreement_with_the_exact_shortlist():
+    g = torch.Generator().manual_seed(3)
+    n, m = 500, 40
+    Xd = torch.randn(n, 4, 16, generator=g)
+    Yd = torch.randn(n, 3, 16, generator=g)
+    own = torch.arange(n)
+    exact = shortlist(Xd, Yd, m, exclude=own)
+    cand = approximate_shortlist(Xd, Yd, m, exclude=own)
+    assert cand.shape == (n, m) and cand.dtype == torch.long
+    srt = cand.sort(1).values
+    assert not bool((srt[:, 1:] == srt[:, :-1]).any()), "a key listed twice"
+    assert not bool((cand == own[:, None]).any()), "the excluded key was listed"
+    assert _recall(exact[:, :10], cand) >= 0.9
+
+
+def test_rows_the_graph_search_leaves_short_fall_back_to_the_exact_shortlist(monkeypatch):
+    # one graph entry per query copy: most rows hold fewer distinct keys than asked
+    monkeypatch.setattr(approx_module, "_ENTRIES_PER_CANDIDATE", 0.01)
+    g = torch.Generator().manual_seed(5)
+    n, m = 300, 30
+    Xd = torch.randn(n, 2, 12, generator=g)
+    Yd = torch.randn(n, 2, 12, generator=g)
+    own = torch.arange(n)
+    cand = approximate_shortlist(Xd, Yd, m, exclude=own)
+    exact = shortlist(Xd, Yd, m, exclude=own)
+    assert torch.equal(cand, exact)
+
+
+def test_rotations_on_the_query_side_give_the_same_shortlist(smooth_images):
+    X = _copies(smooth_images, 12, 5, 20, seed=1)
+    grid = make_search_grid("rotation", 60.0, 13, refine=False)
+    Xk, Yk = shortlist_descriptors(X, X, grid, rotate="keys")
+    Xq, Yq = shortlist_descriptors(X, X, grid, rotate="queries")
+    assert Yq.shape[1] == 1 and Xq.shape[1] == Yk.shape[1]
+    own = torch.arange(X.shape[0])
+    a = shortlist(Xk, Yk, 10, exclude=own)
+    b = shortlist(Xq, Yq, 10, exclude=own)
+    assert torch.equal(a.sort(1).values, b.sort(1).values)
+    with pytest.raises(ValueError, match="rotate"):
+        shortlist_descriptors(X, X, grid, rotate="both")
+
+
+def _fit(verbose, smooth_images):
+    X = _copies(smooth_images, 4, 6, 16, seed=2).numpy()
+    est = InvariantAttentionClusterer(n_clusters=4, max_rotation=30.0, n_rotations=5,
+                                      max_translation=1, random_state=0, verbose=verbose)
+    return est.fit(X)
+
+
+def test_progress_bars_show_with_verbose(smooth_images, capsys):
+    _fit(1, smooth_images)
+    err = capsys.readouterr().err
+    for stage in ("exact search", "attention iteration", "grouping", "cluster centres"):
+        assert stage in err
+
+
+def test_no_progress_by_default(smooth_images, capsys):
+    _fit(0, smooth_images)
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == ""
