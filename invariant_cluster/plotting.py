@@ -191,7 +191,7 @@ def plot_invariant_means(estimator, ax=None, *, n_cols=None, max_clusters=None, 
     >>> digits = load_digits_images()
     >>> X = np.concatenate([make_transformed_copies(digits.images[i], 6, max_rotation=180,
     ...                                             random_state=i)[0] for i in range(2)])
-    >>> est = InvariantAttentionClusterer(group="rotation", n_neighbors=6, random_state=0).fit(X)
+    >>> est = InvariantAttentionClusterer(group="rotation", random_state=0).fit(X)
     >>> from invariant_cluster.plotting import plot_invariant_means
     >>> ax = plot_invariant_means(est)
     >>> len(ax.images) == est.n_clusters_, ax.texts[0].get_text().startswith("c0 (n=")
@@ -274,7 +274,7 @@ def plot_alignments(estimator, X, n=8, ax=None, *, indices=None, cmap="gray",
     >>> digits = load_digits_images()
     >>> X = np.concatenate([make_transformed_copies(digits.images[i], 6, max_rotation=180,
     ...                                             random_state=i)[0] for i in range(2)])
-    >>> est = InvariantAttentionClusterer(group="rotation", n_neighbors=6, random_state=0).fit(X)
+    >>> est = InvariantAttentionClusterer(group="rotation", random_state=0).fit(X)
     >>> from invariant_cluster.plotting import plot_alignments
     >>> ax = plot_alignments(est, X, n=4)
     >>> len(ax.images)  # originals, aligned copies, cluster means
@@ -351,7 +351,7 @@ def plot_attention_weights(estimator, ax=None, *, cmap="magma_r", gamma=0.5,
     >>> digits = load_digits_images()
     >>> X = np.concatenate([make_transformed_copies(digits.images[i], 6, max_rotation=180,
     ...                                             random_state=i)[0] for i in range(2)])
-    >>> est = InvariantAttentionClusterer(group="rotation", n_neighbors=6, random_state=0).fit(X)
+    >>> est = InvariantAttentionClusterer(group="rotation", random_state=0).fit(X)
     >>> from invariant_cluster.plotting import plot_attention_weights
     >>> ax = plot_attention_weights(est)
     >>> ax.images[0].get_array().shape == (len(X), len(X))
@@ -421,7 +421,7 @@ def plot_convergence(estimator, ax=None, *, title="convergence"):
     >>> digits = load_digits_images()
     >>> X = np.concatenate([make_transformed_copies(digits.images[i], 6, max_rotation=180,
     ...                                             random_state=i)[0] for i in range(2)])
-    >>> est = InvariantAttentionClusterer(group="rotation", n_neighbors=6, random_state=0).fit(X)
+    >>> est = InvariantAttentionClusterer(group="rotation", random_state=0).fit(X)
     >>> from invariant_cluster.plotting import plot_convergence
     >>> ax = plot_convergence(est)
     >>> len(ax.lines[0].get_xdata()) == len(est.history_)

@@ -64,21 +64,12 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
     candidates : torch.Tensor of shape (n_x, n_candidates), long
         Distinct key indices, nearest first (by descriptor distance).
     """
-    from .grid import check_int
-    from .shortlist import shortlist
+    from .shortlist import check_descriptors, shortlist
 
-    Xd = X_desc[:, None] if X_desc.ndim == 2 else X_desc
-    Yd = Y_desc[:, None] if Y_desc.ndim == 2 else Y_desc
-    if Xd.ndim != 3 or Yd.ndim != 3 or Xd.shape[-1] != Yd.shape[-1]:
-        raise ValueError(f"X_desc, Y_desc: expected (n, [copies,] d) tensors with the same d, "
-                         f"got {tuple(X_desc.shape)} and {tuple(Y_desc.shape)}")
-    n_candidates = check_int(n_candidates, "n_candidates", 1)
+    Xd, Yd, m = check_descriptors(X_desc, Y_desc, n_candidates, exclude)
     n_x, U, d = Xd.shape
     n_y, V = Yd.shape[:2]
     device = Xd.device
-    m = min(n_candidates, n_y - (1 if exclude is not None else 0))
-    if m < 1:
-        raise ValueError(f"n_candidates: no key left to choose from ({n_y} keys)")
     n_index = n_y * V
     # graph entries per query copy: ~4.5 m per query over its U copies (at most 2 m per copy)
     kq = int(max(1, min(n_index - 1, 2 * m, math.ceil(_ENTRIES_PER_CANDIDATE * m / U))))

@@ -38,6 +38,23 @@ _SHORTLIST_FREQUENCIES = 9
 _SHORTLIST_BLUR = 0.5
 
 
+def check_descriptors(X_desc, Y_desc, n_candidates, exclude):
+    """``(X_desc, Y_desc, m)`` of a shortlist: the descriptors as ``(n, copies, d)`` (the keys'
+    on the queries' device and dtype) and the shortlist length ``m``, clipped to the keys left
+    (one fewer with ``exclude``); refuses mismatched shapes and an empty choice."""
+    Xd = X_desc[:, None] if X_desc.ndim == 2 else X_desc
+    Yd = Y_desc[:, None] if Y_desc.ndim == 2 else Y_desc
+    if Xd.ndim != 3 or Yd.ndim != 3 or Xd.shape[-1] != Yd.shape[-1]:
+        raise ValueError(f"X_desc, Y_desc: expected (n, [copies,] d) tensors with the same d, "
+                         f"got {tuple(X_desc.shape)} and {tuple(Y_desc.shape)}")
+    n_candidates = check_int(n_candidates, "n_candidates", 1)
+    n_y = Yd.shape[0]
+    m = min(n_candidates, n_y - (1 if exclude is not None else 0))
+    if m < 1:
+        raise ValueError(f"n_candidates: no key left to choose from ({n_y} keys)")
+    return Xd, Yd.to(device=Xd.device, dtype=Xd.dtype), m
+
+
 def shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *, batch_size=None,
               exclude=None) -> torch.Tensor:
     """The ``n_candidates`` nearest keys of every query by descriptor distance.
@@ -65,20 +82,11 @@ def shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *, batch
     candidates : torch.Tensor of shape (n_x, n_candidates), long
         Distinct key indices, nearest first.
     """
-    Xd = X_desc[:, None] if X_desc.ndim == 2 else X_desc
-    Yd = Y_desc[:, None] if Y_desc.ndim == 2 else Y_desc
-    if Xd.ndim != 3 or Yd.ndim != 3 or Xd.shape[-1] != Yd.shape[-1]:
-        raise ValueError(f"X_desc, Y_desc: expected (n, [copies,] d) tensors with the same d, "
-                         f"got {tuple(X_desc.shape)} and {tuple(Y_desc.shape)}")
-    n_candidates = check_int(n_candidates, "n_candidates", 1)
+    Xd, Yd, m = check_descriptors(X_desc, Y_desc, n_candidates, exclude)
     batch_size = check_int(batch_size, "batch_size", 1, allow_none=True)
     n_x, U, d = Xd.shape
     n_y, V = Yd.shape[:2]
     device = Xd.device
-    Yd = Yd.to(device=device, dtype=Xd.dtype)
-    m = min(n_candidates, n_y - (1 if exclude is not None else 0))
-    if m < 1:
-        raise ValueError(f"n_candidates: no key left to choose from ({n_y} keys)")
     budget = _memory.block_elements(device, 3 * Xd.element_size())
     # keys per chunk: a few times the shortlist, so that merging stays cheap
     kc = int(max(1, min(n_y, max(4 * m, 1024))))
