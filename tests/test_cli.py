@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 from _cli import assert_usage_error, call
+from _images import t_and_box
 
 from invariant_cluster import warp_se2
 
@@ -21,20 +22,10 @@ def run(*args, cwd=None, timeout=120):
                           capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
-def _shapes():
-    t = np.zeros((11, 11), np.float32)
-    t[2:9, 5] = 1
-    t[2, 3:8] = 1
-    box = np.zeros((11, 11), np.float32)
-    box[3:8, 3:8] = 1
-    box[4:7, 4:7] = 0
-    return t, box
-
-
 @pytest.fixture(scope="module")
 def quarter_turns(tmp_path_factory):
     """Quarter-turn copies of a T (6) and a box (4) as .npy images plus labels."""
-    t, box = _shapes()
+    t, box = t_and_box()
     angles = np.array([0, 90, 180, 270, 90, 180, 0, 90, 180, 270], dtype=np.float32)
     X = warp_se2(np.stack([t] * 6 + [box] * 4), np.c_[angles, np.zeros((10, 2), np.float32)])
     y = np.array([0] * 6 + [1] * 4)

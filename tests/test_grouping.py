@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from _images import digit_images
+from _images import digit_images, t_and_box
 from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
@@ -25,22 +25,11 @@ def _fit(X, **params):
         return InvariantAttentionClusterer(**params).fit(X)
 
 
-def _shapes():
-    """The issue's 11 x 11 "T" and box outline."""
-    T = np.zeros((11, 11), np.float32)
-    T[2:9, 5] = 1
-    T[2, 3:8] = 1
-    B = np.zeros((11, 11), np.float32)
-    B[3:8, 3:8] = 1
-    B[4:7, 4:7] = 0
-    return T, B
-
-
 def _rot90_copies(sizes, seed):
     """Exact copies (random multiples of 90 degrees) of the T and the box: ``sizes`` copies each."""
     rng = np.random.default_rng(seed)
     X, y = [], []
-    for c, (shape, m) in enumerate(zip(_shapes(), sizes)):
+    for c, (shape, m) in enumerate(zip(t_and_box(), sizes)):
         X += [np.rot90(shape, int(rng.integers(4))) for _ in range(m)]
         y += [c] * m
     return np.ascontiguousarray(np.stack(X)), np.array(y)
@@ -158,5 +147,5 @@ def test_predict_follows_the_fitted_graph():
 
 def test_warp_is_the_group_action_used():
     # sanity of the test data: a 90-degree warp_se2 of a shape equals np.rot90 (exact copies)
-    T, _ = _shapes()
+    T, _ = t_and_box()
     np.testing.assert_allclose(warp_se2(T[None], [[90.0, 0.0, 0.0]])[0], np.rot90(T), atol=1e-5)
