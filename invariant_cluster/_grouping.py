@@ -25,6 +25,8 @@ import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
+from ._third_party import import_cached
+
 # HDBSCAN's density is the distance to the 2nd nearest embedded point: its default (the minimum
 # cluster size) merged two groups of 3 copies in 15 samples; 1 and 2 gave the same partitions on
 # the four copy sets tried ((5, 3), (5, 6), (10, 20), (3, 60)) and on 2,000 rotated MNIST digits.
@@ -126,7 +128,7 @@ def embed_graph(index: np.ndarray, dist: np.ndarray, random_state,
 
 
 def _umap_embedding(idx, dst, n_components, random_state):
-    import umap
+    umap = import_cached("umap")
 
     n, k = idx.shape
     with warnings.catch_warnings():
@@ -154,7 +156,7 @@ def fuzzy_graph(index: np.ndarray, dist: np.ndarray, random_state=0, calibration
     """
     n, k = index.shape
     if calibration == "umap":
-        from umap.umap_ import fuzzy_simplicial_set
+        fuzzy_simplicial_set = import_cached("umap").umap_.fuzzy_simplicial_set
 
         idx = np.concatenate([np.arange(n)[:, None], index], 1).astype(np.int64)
         dst = np.concatenate([np.zeros((n, 1)), _positive(dist)], 1).astype(np.float32)
@@ -220,7 +222,8 @@ def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
 
 def embed_fuzzy_graph(graph, random_state, n_components: int = 10) -> np.ndarray:
     """umap-learn's layout (``min_dist=0``) of a given fuzzy graph, e.g. a union of two."""
-    from umap.umap_ import find_ab_params, simplicial_set_embedding
+    umap_ = import_cached("umap").umap_
+    find_ab_params, simplicial_set_embedding = umap_.find_ab_params, umap_.simplicial_set_embedding
 
     n = graph.shape[0]
     a, b = find_ab_params(1.0, 0.0)

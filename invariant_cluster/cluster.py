@@ -32,7 +32,6 @@ from ._iteration import (  # noqa: F401 - the iteration's names, importable from
     mean_shift,
 )
 from ._progress import progress, progress_bar
-from ._third_party import import_cached
 from ._utils import resolve_device
 from .barycenters import cluster_means
 from .search import all_pairs, candidate_search, knn_search
@@ -331,7 +330,6 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
             self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
             # 4. group: Leiden on the samples' graph or its union with the means' graph
             stage = progress_bar(1, "grouping", "stage")
-            import_cached("umap")  # umap-learn quiet, its compiled functions cached on disk
             labels, Dg = self._group(D, idx, M, grid, k, seed)
             stage.update()
             stage.close()
