@@ -21,7 +21,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
-from ._grouping import group, two_hop_candidates, vote
+from ._grouping import graph_modes, group, two_hop_candidates, vote
 from ._iteration import (  # noqa: F401 - the iteration's names, importable from here as before
     _relabel_by_size,
     attend_means,
@@ -77,9 +77,11 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         With ``grouping="leiden"``, an int bisects Leiden's resolution until the partition has
         ``n_clusters`` parts (k-means on umap-learn's layout of the same graph if no
         resolution gives them); with ``grouping="umap"`` it runs k-means on umap-learn's 10-D
-        layout of the graph (``min_dist=0``). None, with either: HDBSCAN on that layout (the
-        smallest cluster holds 1% of the samples, at least 3; samples HDBSCAN calls noise join
-        their nearest cluster).
+        layout of the graph (``min_dist=0``). None with "leiden": Leiden at resolution 1
+        (modularity), its communities merged where the converged means collapsed them onto
+        one mode (both the means' modes and the means' graph's own communities join them);
+        None with "umap": HDBSCAN on the layout (the smallest cluster holds 1% of the samples,
+        at least 3; samples HDBSCAN calls noise join their nearest cluster).
     group : {"se2", "rotation", "translation", "none"}, default="se2"
         "none" is plain kernel attention (mean shift on pixels), the baseline.
     max_rotation : float, default=180.0
@@ -330,7 +332,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
             self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
             # 4. group: Leiden on the samples' graph or its union with the means' graph
             stage = progress_bar(1, "grouping", "stage")
-            labels, Dg = self._group(D, idx, M, grid, k, seed)
+            labels, Dg = self._group(D, idx, M, grid, k, seed, (rho + sigma).cpu().numpy())
             stage.update()
             stage.close()
             self._log(f"{int(labels.max()) + 1} clusters ({time.perf_counter() - t0:.1f} s)")
@@ -363,11 +365,12 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         self._log(f"done: {self.n_clusters_} clusters in {time.perf_counter() - t0:.1f} s")
         return self
 
-    def _group(self, D, idx, M, grid, k, seed):
+    def _group(self, D, idx, M, grid, k, seed, tol_modes):
         """Labels (largest cluster first) from the samples' graph ``(D, idx)``, the means'
         graph searched within two hops, or their union (see ``graph``); and the distances of
-        the graph that ranks each cluster's densest member."""
-        idx_m = dist_m = None
+        the graph that ranks each cluster's densest member. ``tol_modes``: the edge length
+        within which two converged means are one mode (used by ``n_clusters=None``)."""
+        idx_m = dist_m = modes = None
         Dg = D
         if self.graph != "samples" and k > 0:
             Dm, idx_mt, _ = candidate_search(M, M, two_hop_candidates(idx), grid, k=k,
@@ -376,8 +379,10 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
             idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
             if self.graph == "means":
                 Dg = Dm
+            if self.n_clusters is None:
+                modes = graph_modes(idx_m, dist_m, tol_modes)
         labels, self.graph_ = group(idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m,
-                                    self.n_clusters, self.graph, self.grouping, seed)
+                                    self.n_clusters, self.graph, self.grouping, seed, modes)
         return _relabel_by_size(labels), Dg
 
     def fit_predict(self, X, y=None):

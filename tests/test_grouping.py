@@ -4,6 +4,7 @@ determinism, and what the iteration adds to the means (issue 19 F1, issue 20).""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,3 +150,44 @@ def test_warp_is_the_group_action_used():
     # sanity of the test data: a 90-degree warp_se2 of a shape equals np.rot90 (exact copies)
     T, _ = t_and_box()
     np.testing.assert_allclose(warp_se2(T[None], [[90.0, 0.0, 0.0]])[0], np.rot90(T), atol=1e-5)
+
+
+# ------------------------------------------------- n_clusters=None: Leiden's count, merged by modes
+def test_merge_by_modes_only_merges_a_strict_coarsening():
+    from invariant_cluster._grouping import merge_by_modes
+
+    labels = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+    # every community inside one mode, two modes: the communities of a mode are merged
+    merged = merge_by_modes(labels, np.array([5, 5, 5, 5, 7, 7, 7, 7]))
+    assert adjusted_rand_score([0, 0, 0, 0, 1, 1, 1, 1], merged) == 1.0
+    # a community straddling two modes: nothing is merged
+    np.testing.assert_array_equal(merge_by_modes(labels, np.array([0, 0, 0, 1, 1, 1, 1, 1])),
+                                  labels)
+    # one mode (the means chained together) or as many modes as communities: unchanged
+    np.testing.assert_array_equal(merge_by_modes(labels, np.zeros(8, int)), labels)
+    np.testing.assert_array_equal(merge_by_modes(labels, labels[::-1]), labels)
+    np.testing.assert_array_equal(merge_by_modes(labels, None), labels)
+
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "t10k-images-idx3-ubyte.gz").is_file()
+                    and not (SHARED_DATA / "mnist").is_dir(), reason="shared MNIST not present")
+@pytest.mark.parametrize("n, seed", [(1000, 0), (2000, 1)])
+def test_n_clusters_none_finds_the_ten_digits(n, seed):
+    # MNIST test digits rotated within +-45 degrees, the search range the benchmarks use; the
+    # estimator is not told the number of classes (issue 20: 10 +- 1 clusters)
+    from invariant_cluster.datasets import load_mnist, make_transformed
+    from invariant_cluster.metrics import clustering_accuracy
+
+    mnist = load_mnist(split="test", data_home=str(SHARED_DATA))
+    sel = np.random.default_rng(seed).choice(len(mnist.images), n, replace=False)
+    X, _ = make_transformed(mnist.images[sel].astype(np.float32), max_rotation=45,
+                            random_state=seed)
+    est = InvariantAttentionClusterer(max_rotation=60, n_rotations=24, random_state=seed)
+    est.fit(X.astype(np.float32))
+    assert abs(est.n_clusters_ - 10) <= 1
+    # and they are the digits, not an arbitrary cut: k-means on pixels gets about 0.35, the
+    # estimator told n_clusters=10 0.76 (n = 1,000, seed 0) and 0.92 (n = 2,000, seed 1)
+    assert clustering_accuracy(mnist.target[sel], est.labels_) > 0.7
