@@ -127,6 +127,9 @@ def _add_search_options(g):
                    help="search shifts within +-PX pixels")
     g.add_argument("--no-refine", dest="refine", action="store_false", default=None,
                    help="keep the grid's alignments (skip the continuous refinement)")
+    g.add_argument("--reflection", action="store_true", default=None,
+                   help="also search mirror images (O(2) instead of SO(2): cryo-EM views of "
+                        "the two hands of a projection)")
 
 
 def _add_running_options(p, *, seeded=True):
@@ -164,8 +167,8 @@ def _add_estimator_options(p):
 def _estimator_params(args, **fixed):
     """Only the options the user gave, so that the estimator's own defaults apply otherwise."""
     names = ["n_clusters", "group", "max_rotation", "n_rotations", "max_translation",
-             "n_neighbors", "bandwidth", "update", "max_iter", "tol", "refine", "device",
-             "batch_size"]
+             "n_neighbors", "bandwidth", "update", "max_iter", "tol", "refine", "reflection",
+             "device", "batch_size"]
     params = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
     params["random_state"] = args.seed
     # on a terminal the estimator's progress bars are on (stderr), unless --quiet
@@ -298,9 +301,11 @@ def _write_fit_outputs(out, est, X, y, names, seconds, args):
     ids, id_col = _write_labels(out, est.labels_, y, names)
     labels = est.labels_
     a = est.alignments_
-    _write_csv(out / "alignments.csv", [id_col, "label", "angle_deg", "tx_px", "ty_px"],
-               [[ids[i], int(labels[i]), f"{a[i, 0]:.4f}", f"{a[i, 1]:.4f}", f"{a[i, 2]:.4f}"]
-                for i in range(len(X))])
+    # with --reflection a 4th column: 1 where the image is mirrored onto its cluster's mean
+    mirror = ["mirrored"] if a.shape[1] > 3 else []
+    _write_csv(out / "alignments.csv", [id_col, "label", "angle_deg", "tx_px", "ty_px", *mirror],
+               [[ids[i], int(labels[i]), f"{a[i, 0]:.4f}", f"{a[i, 1]:.4f}", f"{a[i, 2]:.4f}",
+                 *([str(int(round(a[i, 3])))] if mirror else [])] for i in range(len(X))])
     np.save(out / "centers.npy", est.cluster_centers_.reshape(-1, *est.image_shape_))
     _save_figure(plot_invariant_means(est, max_clusters=50), out / "centers.png")
     if y is not None:
@@ -503,7 +508,7 @@ def _cmd_neighbors(args):
                              f"{args.n_neighbors}")
         out = _check_out(args.out)
         names = ["group", "max_rotation", "n_rotations", "max_translation", "refine",
-                 "neighbor_search", "n_candidates", "device", "batch_size"]
+                 "reflection", "neighbor_search", "n_candidates", "device", "batch_size"]
         params = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
         with progress.stage(f"searching the neighbours of {len(X)} images"):
             from .kneighbors import InvariantKNeighborsTransformer, _csr

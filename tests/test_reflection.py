@@ -215,3 +215,65 @@ class TestClassAverages:
             class_averages(X, labels=[0, 1])
         with pytest.raises(ValueError, match="X"):
             class_averages(np.full((5, 6, 6), np.nan))
+
+
+class TestCommandLine:
+    """``--reflection`` on the command line: the mirror bit reaches the files it writes."""
+
+    @pytest.fixture()
+    def mirrored(self, tmp_path):
+        rng = np.random.default_rng(3)
+        a = random_images((11, 11), seed=21, border=2)
+        b = random_images((11, 11), seed=22, border=2)
+        p = np.c_[rng.uniform(-180, 180, 12), np.zeros((12, 2)), np.tile([0, 1], 6)]
+        X = warp_se2(np.stack([a] * 6 + [b] * 6), p).astype(np.float32)
+        np.save(tmp_path / "x.npy", X)
+        return tmp_path, p[:, 3]
+
+    def test_fit_writes_the_mirror_column(self, mirrored, capsys):
+        import csv
+
+        from _cli import call
+
+        d, bits = mirrored
+        proc = call(capsys, "fit", d / "x.npy", "--reflection", "--device", "cpu", "--quiet",
+                    "--out", d / "out")
+        assert proc.returncode == 0, proc.stderr
+        with open(d / "out" / "alignments.csv") as f:
+            rows = list(csv.DictReader(f))
+        labels = [int(r["label"]) for r in rows]
+        assert len(set(labels[:6])) == 1 and len(set(labels[6:])) == 1 and labels[0] != labels[6]
+        mirror = np.array([int(r["mirrored"]) for r in rows])
+        # within a cluster the bit onto the mean is the copy's own bit, or its complement for
+        # every copy (the mean may be either hand)
+        for sl in (slice(0, 6), slice(6, 12)):
+            assert (mirror[sl] == bits[sl]).all() or (mirror[sl] != bits[sl]).all()
+
+    def test_fit_without_it_keeps_four_columns(self, mirrored, capsys):
+        import csv
+
+        from _cli import call
+
+        d, _ = mirrored
+        assert call(capsys, "fit", d / "x.npy", "--n-clusters", "2", "--device", "cpu",
+                    "--quiet", "--out", d / "out").returncode == 0
+        with open(d / "out" / "alignments.csv") as f:
+            assert "mirrored" not in next(csv.reader(f))
+
+    def test_neighbors_finds_the_mirror_images(self, mirrored, capsys):
+        from _cli import call
+
+        d, bits = mirrored
+        proc = call(capsys, "neighbors", d / "x.npy", "--reflection", "--n-neighbors", "5",
+                    "--device", "cpu", "--quiet", "--out", d / "nn")
+        assert proc.returncode == 0, proc.stderr
+        ind = np.load(d / "nn" / "indices.npy")
+        dist = np.load(d / "nn" / "distances.npy")
+        tau = np.load(d / "nn" / "alignments.npy")
+        assert tau.shape[-1] == 4
+        # every image's 5 nearest others are the other copies of its shape, at distance ~0,
+        # the mirror bit set exactly where the two copies are of opposite hands
+        same = (ind[:, 1:] < 6) == (np.arange(12)[:, None] < 6)
+        assert same.all()
+        assert dist[:, 1:].max() < 0.05 * np.abs(np.load(d / "x.npy")).sum((1, 2)).mean()
+        np.testing.assert_array_equal(tau[:, 1:, 3], bits[ind[:, 1:]] != bits[:, None])
