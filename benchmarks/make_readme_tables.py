@@ -22,6 +22,8 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -228,8 +230,12 @@ def table_noise(r):
     methods = list(dict.fromkeys(row["method"] for row in summary))
     by = {(row["sigma"], row["method"]): row for row in summary}
     seeds = max((row.get("seeds", 0) for row in summary), default=0)
-    head = [f"grouping (ACC, mean of {seeds} seeds)"] + [f"sigma {fmt(s, 1)}" for s in sigmas]
-    rows = [[m] + [by[(s, m)]["acc"] if (s, m) in by else "" for s in sigmas] for m in methods]
+    n = next((row["n"] for row in r.get("rows", []) if "n" in row), None)
+    head = ([f"grouping (ACC, mean of {seeds} seeds" + (f", n = {n:,}" if n else "") + ")"]
+            + [f"sigma {fmt(s, 1)}" for s in sigmas] + ["seconds (mean)"])
+    rows = [[m] + [by[(s, m)]["acc"] if (s, m) in by else "" for s in sigmas]
+            + [float(np.mean([by[(s, m)]["seconds"] for s in sigmas if (s, m) in by]))]
+            for m in methods]
     out = [md_table(head, rows), ""]
     first = {s: next(row for row in summary if row["sigma"] == s) for s in sigmas}
     out.append(md_table(

@@ -224,3 +224,47 @@ def block_elements(device="cpu", bytes_per_element=4, fraction=0.25, *, cap=None
         cap = _CAP_ELEMENTS["cuda" if dev.type == "cuda" else "cpu"]
     n = int(fraction * memory_budget(dev) // max(1, int(bytes_per_element)))
     return int(max(1, min(n, cap)))
+
+
+# ----------------------------------------------------------------------------- whole-fit estimate
+# Maintenance note: bytes a fit holds per kNN edge beyond its arrays: the grouping's fuzzy graphs
+# (scipy CSR copies of W, W^T and their union, for the samples' and the means' graphs) and the
+# edge lists handed to igraph as Python lists (about 60 bytes per int or float). Calibrated with
+# benchmarks/bench_memory.py (fresh processes, peak RSS, Fashion-MNIST at the issue's search
+# range): see docs/user_guide/scaling.rst for the measured peaks and the estimate beside them.
+GROUPING_BYTES_PER_EDGE = 400
+
+
+def estimate_fit_bytes(n, n_features, k, n_candidates=0, *, element_size=4, device="cpu"):
+    """Bytes an :class:`~invariant_cluster.InvariantAttentionClusterer` fit allocates at its
+    peak, beyond what the process holds before it (an estimate, within 2x of the measured peak).
+
+    The terms, each linear in ``n``: the validated copy of ``X`` and its tensor, the converged
+    means and the update's buffer, and the means kept as ``invariant_means_`` (5 images per
+    sample); the kNN graph with its alignments, the attention weights and the shortlist's
+    candidates; the two-hop candidates of the means' graph (``k + k^2`` indices per sample) and
+    the grouping's graphs (:data:`GROUPING_BYTES_PER_EDGE` per edge); and, once, the search and
+    iteration blocks (at most :data:`SCORE_BLOCK_ELEMENTS`, twice: the scores and the warped
+    keys).
+
+    Parameters
+    ----------
+    n, n_features, k : int
+        Samples, pixels per sample (all channels), neighbours.
+    n_candidates : int, default=0
+        Candidates per query of the shortlist (0: the exact search).
+    element_size : int, default=4
+        4 for float32, 8 for float64.
+    device : str or torch.device, default="cpu"
+        The blocks are a quarter of this device's free memory at most.
+
+    Returns
+    -------
+    n_bytes : int
+    """
+    n, f, k, c, es = int(n), int(n_features), int(k), int(n_candidates), int(element_size)
+    images = 5 * n * f * es
+    graph = n * k * (8 + 4 * es) + n * (k + 1) * (8 + es) + n * c * (8 + 2 * es)
+    grouping = n * (k + k * k) * 8 * 2 + n * k * 2 * GROUPING_BYTES_PER_EDGE
+    blocks = 2 * min(block_elements(device, es), SCORE_BLOCK_ELEMENTS) * es
+    return int(images + graph + grouping + blocks)

@@ -20,6 +20,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
+from . import _memory
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
 from ._grouping import graph_modes, group, two_hop_candidates, vote
 from ._iteration import (  # noqa: F401 - the iteration's names, importable from here as before
@@ -315,6 +316,14 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         grid = self._grid(refine=False)
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
         k = int(min(self.n_neighbors, n - 1))
+        # a fit that cannot fit fails now, not after an hour of search
+        c = 0 if _memory.use_exact_search(self.neighbor_search, n, grid.size) else (
+            self.n_candidates or _memory.default_n_candidates(k, n))
+        _memory.check_fits(
+            _memory.estimate_fit_bytes(n, X2.shape[1], k, c, element_size=X2.dtype.itemsize,
+                                       device=dev),
+            dev, f"InvariantAttentionClusterer.fit on {n} images",
+            hint="fit a subset, lower n_neighbors, or run on a machine with more memory")
         t0 = time.perf_counter()
         with _thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose):
             Xt = self._tensor(X2, dev)

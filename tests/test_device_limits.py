@@ -110,3 +110,34 @@ def test_kneighbors_transformer_under_a_small_limit(monkeypatch):
     G = InvariantKNeighborsTransformer(n_neighbors=4).fit_transform(X)
     assert max(batches) < 512
     assert (G != expected).nnz == 0
+
+
+# --------------------------------------------------------------- the whole fit's memory estimate
+@pytest.mark.parametrize("n, shape", [(40, (8, 8)), (150, (12, 10))])
+def test_fit_estimate_covers_what_the_fit_keeps(n, shape):
+    # the fitted arrays alone (computed from the fitted estimator, independently of the
+    # estimate's terms) must be below the estimate, and the estimate grows with n
+    X = np.random.default_rng(n).random((n, *shape)).astype(np.float32)
+    est = InvariantAttentionClusterer(n_clusters=3, group="rotation", n_rotations=8,
+                                      random_state=0, device="cpu").fit(X)
+    kept = sum(a.nbytes for a in (X, est.invariant_means_, est.attention_weights_,
+                                  est.neighbors_, est.alignments_, est.labels_))
+    k = est.neighbors_.shape[1] - 1
+    estimate = _memory.estimate_fit_bytes(n, X[0].size, k)
+    assert kept < estimate
+    assert _memory.estimate_fit_bytes(2 * n, X[0].size, k) > estimate
+
+
+def test_fit_that_cannot_fit_fails_before_it_starts(monkeypatch):
+    calls = []
+    monkeypatch.setattr(_memory, "memory_budget", lambda device="cpu": 100_000)
+    import invariant_cluster.cluster as cluster
+
+    monkeypatch.setattr(cluster, "knn_search", lambda *a, **k: calls.append(1))
+    X = np.random.default_rng(0).random((500, 16, 16)).astype(np.float32)
+    with pytest.raises(_memory.InsufficientMemoryError,
+                       match="InvariantAttentionClusterer.fit on 500 images"):
+        InvariantAttentionClusterer(n_clusters=3, device="cpu").fit(X)
+    assert not calls
+    # it is a ValueError too: a request the machine cannot serve
+    assert issubclass(_memory.InsufficientMemoryError, ValueError)
