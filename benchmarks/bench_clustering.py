@@ -15,12 +15,16 @@ Methods, in the same run on the same data:
   pipeline a user can assemble from our kNN. Its seconds include the kNN search;
 - ``kNN + spectral``: scikit-learn's SpectralClustering on the same kNN graph (symmetrised
   connectivity);
+- ``kNN + Leiden``: Leiden (leidenalg) on umap-learn's fuzzy graph of the same kNN graph, the
+  resolution bisected to give 10 clusters (single-cell analysis' standard);
 - ``invariant attention``: ``InvariantAttentionClusterer(n_clusters=10)``, ONE parameter set for
   every row; only the transformation range follows the data, as the pipeline's does;
 - ``invariant attention (modes)``: the same with ``n_clusters=None`` (rotated45 rows).
 
-The ablation of the iteration is the pipeline row itself: the estimator's grouping IS umap-learn +
-k-means, run on the graph of the converged means instead of the samples' kNN graph.
+The ablation of the iteration is the ``kNN + Leiden`` row: the estimator's default grouping is
+Leiden on the samples' graph, or on its union with the converged means' graph when the
+iteration replaced most neighbours (``graph_used``; ``benchmarks/bench_noise.py`` measures it on
+noisy images).
 
     python benchmarks/bench_clustering.py --rows rotated45:2000       # one row
     python benchmarks/bench_clustering.py                              # every row (long)
@@ -112,6 +116,12 @@ def run_spectral(idx, seed):
                               assign_labels="cluster_qr").fit_predict(A)
 
 
+def run_leiden(idx, dist, seed):
+    from invariant_cluster._grouping import fuzzy_graph, leiden
+
+    return leiden(fuzzy_graph(idx, dist, seed, calibration="umap"), 10, seed)
+
+
 def timed(fn, *a, **kw):
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
@@ -140,6 +150,8 @@ def run_row(variant, n, seed, data=None):
     add("kNN + UMAP + k-means", lab, t_knn + t, knn_seconds=t_knn)
     lab, t, _ = timed(run_spectral, idx, seed)
     add("kNN + spectral", lab, t_knn + t)
+    lab, t, _ = timed(run_leiden, idx, dist, seed)
+    add("kNN + Leiden", lab, t_knn + t)
     purity = float((y[idx] == y[:, None]).mean())
     # the number of clusters found (n_clusters=None) on the MNIST rows rotated within +-45 degrees
     for n_clusters in (10, None) if variant == "rotated45" else (10,):
@@ -155,6 +167,7 @@ def run_row(variant, n, seed, data=None):
             pred_agree = float(np.mean(est.predict(X) == est.labels_)) if n <= 5000 else None
         add("invariant attention" if n_clusters else "invariant attention (modes)", est.labels_,
             t, n_iter=est.n_iter_, converged=not warned, n_clusters_found=est.n_clusters_,
+            graph_used=est.graph_,
             knn_purity=purity, predict_agreement=pred_agree, **extra)
     return rows
 

@@ -211,8 +211,8 @@ def run(args):
 
 def run_estimator(X, y, sigma, seed, args, st):
     """The estimator's default grouping on the shared stages (what ``fit`` runs after them:
-    Leiden, ``graph="auto"``); on the first seed of the clean row, a whole fit with
-    ``n_clusters=None`` and predict's agreement with labels_ of a fit with n_clusters=10."""
+    Leiden, ``graph="auto"``); on every seed of the clean row, whole fits with
+    ``n_clusters=10`` (with predict's agreement with its labels_) and ``n_clusters=None``."""
     from invariant_cluster._grouping import group, shared_edges
 
     t_m = st["t_search"] + st["t_iterate"] + st["t_means_graph"]
@@ -223,7 +223,7 @@ def run_estimator(X, y, sigma, seed, args, st):
             **scores(y, labels), "seconds": t_m + time.perf_counter() - t0,
             "graph_used": used, "shared_edges": shared_edges(st["idx"], st["idx_m"])}]
     print_table(out[-1:], ["sigma", "seed", "method", "acc", "nmi", "seconds", "graph_used"])
-    if sigma == 0 and seed == args.seeds[0] and args.fits:
+    if sigma == 0 and args.fits:
         for n_clusters in (10, None):
             est = InvariantAttentionClusterer(n_clusters=n_clusters, random_state=seed, **SEARCH)
             t0 = time.perf_counter()
