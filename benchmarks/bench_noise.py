@@ -13,12 +13,17 @@ the samples' graph; the search, the iteration and the means' graph for the other
   samples' graph, the pipeline a user assembles from our kNN;
 - ``leiden (samples)``: Leiden (leidenalg, RB configuration) on umap-learn's fuzzy graph of the
   samples, the resolution bisected to give 10 clusters (single-cell analysis' standard);
-- ``estimator``: ``InvariantAttentionClusterer(n_clusters=10, random_state=seed)`` at its
-  defaults (only the search range set), its own fit from scratch;
+- ``estimator fit``: ``InvariantAttentionClusterer(n_clusters=10 or None, random_state=seed)``
+  at its defaults (only the search range set), its own fit from scratch (clean row);
 - the candidates on the converged means: their kNN graph (searched within two hops, as
   ``graph="means"``) grouped by umap-learn + k-means, umap-learn + a Gaussian mixture, Leiden;
-  Leiden on the union of the samples' and the means' fuzzy graphs; a consensus (Leiden on the
+  Leiden on the union of the samples' and the means' fuzzy graphs, with the two-hop means'
+  graph (capped calibration: the earlier default) and with the means' graph searched again among
+  all means (umap-learn's calibration: the estimator's union now); a consensus (Leiden on the
   union graph, each edge weighted by the share of the base partitions that join its ends).
+- ``estimator (default grouping)``: what ``fit`` does after the iteration: ``graph="auto"``
+  decides on the two-hop means' graph, and groups the samples' graph or the union with the
+  means' graph searched again.
 
 Columns: ACC (Hungarian), NMI, seconds, the purity of the samples' and the means' kNN graphs
 (share of edges joining two digits of one class) and the mean correlation with the clean rotated
@@ -104,9 +109,14 @@ def stages(X, seed):
         t0 = time.perf_counter()
         Dm, idx_m, _ = candidate_search(M, M, two_hop_candidates(idx), grid, k=K, exclude=own)
         out["t_means_graph"] = time.perf_counter() - t0
+        # the means' graph searched again among all means (the estimator's union)
+        t0 = time.perf_counter()
+        Df, idx_f, _ = knn_search(M, M, grid, K, exclude=own)
+        out["t_means_search"] = time.perf_counter() - t0
     out.update(idx=idx.numpy(), dist=dist.numpy().astype(np.float64), M=M.reshape(n, -1).numpy(),
                avg=avg.numpy(), idx_m=idx_m.numpy(),
-               dist_m=Dm.clamp(min=0).sqrt().numpy().astype(np.float64))
+               dist_m=Dm.clamp(min=0).sqrt().numpy().astype(np.float64), idx_f=idx_f.numpy(),
+               dist_f=Df.clamp(min=0).sqrt().numpy().astype(np.float64))
     return out
 
 
@@ -157,6 +167,10 @@ def groupings(st, seed, which, consensus_too=True):
     G_u = G_s.maximum(G_m)
     lab, t = timed(lambda: leiden(G_u, 10, seed))
     res["leiden (samples + means)"] = (lab, t_m + tg_s + tg_m + t)
+    G_f, tg_f = timed(lambda: fuzzy_graph(st["idx_f"], st["dist_f"], seed, calibration="umap"))
+    lab, t = timed(lambda: leiden(G_s.maximum(G_f), 10, seed))
+    res["leiden (samples + means searched again)"] = (
+        lab, t_m + st["t_means_search"] + tg_s + tg_f + t)
     emb_u, te_u = timed(lambda: embed_fuzzy_graph(G_u, seed))
     lab, t = timed(lambda: KMeans(10, n_init=10, random_state=seed).fit_predict(emb_u))
     res["UMAP + k-means (samples + means)"] = (lab, t_m + tg_s + tg_m + te_u + t)
@@ -193,7 +207,8 @@ def run(args):
                     "corr_noisy": corr(X, Xc), "corr_one_step": corr(st["avg"], Xc),
                     "corr_means": corr(st["M"], Xc), "n_iter": st["n_iter"],
                     "effective_keys": st["neff"],
-                    **{k: st[k] for k in ("t_search", "t_iterate", "t_means_graph")}}
+                    **{k: st[k] for k in ("t_search", "t_iterate", "t_means_graph",
+                                          "t_means_search")}}
             datasets.append(info)
             print_table([info], list(info))
             for name, (labels, seconds) in groupings(st, seed, args.groupings,
@@ -213,12 +228,16 @@ def run_estimator(X, y, sigma, seed, args, st):
     """The estimator's default grouping on the shared stages (what ``fit`` runs after them:
     Leiden, ``graph="auto"``); on every seed of the clean row, whole fits with
     ``n_clusters=10`` (with predict's agreement with its labels_) and ``n_clusters=None``."""
-    from invariant_cluster._grouping import group, shared_edges
+    from invariant_cluster._grouping import group, resolve_graph, shared_edges
 
     t_m = st["t_search"] + st["t_iterate"] + st["t_means_graph"]
     t0 = time.perf_counter()
-    labels, used = group(st["idx"], st["dist"], st["idx_m"], st["dist_m"], 10, "auto", "leiden",
-                         seed)
+    # what fit does: "auto" decides on the two-hop means' graph; the union's means' graph is
+    # the one searched again among all means
+    used = resolve_graph("auto", st["idx"], st["idx_m"])
+    idx_m, dist_m = (st["idx_f"], st["dist_f"]) if used == "both" else (st["idx_m"], st["dist_m"])
+    t_m += st["t_means_search"] if used == "both" else 0.0
+    labels, used = group(st["idx"], st["dist"], idx_m, dist_m, 10, used, "leiden", seed)
     out = [{"sigma": sigma, "seed": seed, "n": args.n, "method": "estimator (default grouping)",
             **scores(y, labels), "seconds": t_m + time.perf_counter() - t0,
             "graph_used": used, "shared_edges": shared_edges(st["idx"], st["idx_m"])}]

@@ -22,7 +22,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from . import _memory
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
-from ._grouping import graph_modes, group, two_hop_candidates, vote
+from ._grouping import graph_modes, group, resolve_graph, two_hop_candidates, vote
 from ._iteration import (  # noqa: F401 - the iteration's names, importable from here as before
     _relabel_by_size,
     attend_means,
@@ -376,22 +376,35 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
 
     def _group(self, D, idx, M, grid, k, seed, tol_modes):
         """Labels (largest cluster first) from the samples' graph ``(D, idx)``, the means'
-        graph searched within two hops, or their union (see ``graph``); and the distances of
-        the graph that ranks each cluster's densest member. ``tol_modes``: the edge length
-        within which two converged means are one mode (used by ``n_clusters=None``)."""
+        graph, or their union (see ``graph``); and the distances of the graph that ranks each
+        cluster's densest member. ``tol_modes``: the edge length within which two converged
+        means are one mode (used by ``n_clusters=None``)."""
         idx_m = dist_m = modes = None
         Dg = D
-        if self.graph != "samples" and k > 0:
+        graph = self.graph
+        own = torch.arange(M.shape[0], device=M.device)
+        if graph != "samples" and k > 0:
+            # the means' graph within two hops: cheap, and what "auto" decides on
             Dm, idx_mt, _ = candidate_search(M, M, two_hop_candidates(idx), grid, k=k,
                                              batch_size=self.batch_size, client=self.client,
-                                             exclude=torch.arange(M.shape[0], device=M.device))
+                                             exclude=own)
             idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
-            if self.graph == "means":
-                Dg = Dm
             if self.n_clusters is None:
                 modes = graph_modes(idx_m, dist_m, tol_modes)
+            graph = resolve_graph(graph, idx.cpu().numpy(), idx_m)
+            if graph == "both":
+                # the union's means' graph is searched again among ALL means: the denoised
+                # means find neighbours the noisy samples' graph never offered (see
+                # _grouping.UNION_SEARCH_NOTE)
+                Dm, idx_mt, _ = knn_search(M, M, grid, k, method=self.neighbor_search,
+                                           n_candidates=self.n_candidates,
+                                           batch_size=self.batch_size, exclude=own,
+                                           client=self.client)
+                idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
+            if graph == "means":
+                Dg = Dm
         labels, self.graph_ = group(idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m,
-                                    self.n_clusters, self.graph, self.grouping, seed, modes)
+                                    self.n_clusters, graph, self.grouping, seed, modes)
         return _relabel_by_size(labels), Dg
 
     def fit_predict(self, X, y=None):
