@@ -182,7 +182,7 @@ def table_scaling(r):
     cell = {(row["method"], row["n"]): row for row in rows}
     body = []
     for m in methods:
-        line = [m] + [fmt(cell[(m, n)]["seconds"], 2) if (m, n) in cell else "–" for n in ns]
+        line = [m] + [fmt(cell[(m, n)].get("seconds"), 2) if (m, n) in cell else "–" for n in ns]
         e = exps.get(m, {}).get("exponent")
         line.append(fmt(e, 2) if e is not None else "")
         body.append(line)

@@ -117,9 +117,11 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
     graph : {"auto", "samples", "means", "both"}, default="auto"
         Which kNN graph is grouped. "samples": the invariant kNN graph of the samples. "means":
         the kNN graph of the converged means, searched among each sample's neighbours and
-        their neighbours. "both": the union of their fuzzy graphs. "auto": "both" when fewer
-        than half of the means' graph's edges are edges of the samples' graph (the iteration
-        replaced most neighbours: noisy images), else "samples"; ``graph_`` says which. On
+        their neighbours. "both": the union of the samples' fuzzy graph and that of the means'
+        graph searched again among ALL means (one more kNN search, on the denoised means).
+        "auto": "both" when fewer than half of the two-hop means' graph's edges are edges of
+        the samples' graph (the iteration replaced most neighbours: noisy images), else
+        "samples"; ``graph_`` says which. On
         2,000 MNIST digits rotated within +-45 degrees the shared fraction is 0.57 clean and
         0.51, 0.41, 0.34 with Gaussian noise of sigma 0.3, 0.5, 0.8 (pixels in [0, 1]); the
         union wins from 0.5 on and loses on clean digits (``benchmarks/bench_noise.py``).
@@ -207,8 +209,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
     Cost: one invariant kNN search of the samples (``n^2 R S F`` multiply-adds in blocked matrix
     products for the exact search, ``R`` angles, ``S`` integer shifts, ``F`` pixels), ``n k``
     warps for the attention (done once for the fixed update), one search of the means over each
-    sample's two-hop neighbourhood (``n (k + k^2)`` pairs), Leiden (a few runs to find the
-    resolution), and one invariant mean per cluster. Memory is ``O(n k)`` plus blocks: no
+    sample's two-hop neighbourhood (``n (k + k^2)`` pairs) and, when the union is grouped, a
+    second kNN search among the means, Leiden (a few runs to find the resolution), and one
+    invariant mean per cluster. Memory is ``O(n k)`` plus blocks: no
     ``n x n`` array; the fitted images are kept for ``predict``.
     The calibration, its cap and the grouping are this library's choices; the paper is silent
     on them. What the iteration buys, measured (``benchmarks/bench_noise.py``, 2,000 MNIST
