@@ -259,9 +259,13 @@ def table_noise(r):
 def _cryoem_kind(method):
     if method == "noisy":
         return "noisy"
+    if method.startswith("mean of all"):
+        return "global"
     if method.startswith("ASPIRE"):
         return "aspire"
     if method.startswith("ours: invariant kNN"):
+        if "searched again" in method:
+            return "means_search"
         if "blur" in method:
             return "knn_blur"
         return "knn_mirror" if "mirrors" in method else "knn"
@@ -286,7 +290,7 @@ def table_cryoem(r):
     def snr(v):
         return f"1/{1 / v:.0f}" if v < 1 else f"{v:g}"
 
-    nbr, avg = [], []
+    nbr, avg, detail = [], [], []
     for (shift, s), c in sorted(cells.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
         sh = f"+-{shift:g} px" if shift else "none"
         nbr.append([snr(s), sh,
@@ -295,10 +299,17 @@ def table_cryoem(r):
                     if "knn_mirror" in c else "",
                     f"{get(c, 'knn', 'nbr10')} ({get(c, 'knn', 'med_angle', 0)} deg)"
                     if "knn" in c else "",
+                    f"{get(c, 'means_search', 'nbr10')} "
+                    f"({get(c, 'means_search', 'med_angle', 0)} deg)"
+                    if "means_search" in c else "",
                     get(c, "aspire", "seconds_neighbors", 0),
                     get(c, "knn_mirror", "seconds_neighbors", 0),
                     get(c, "knn", "seconds_neighbors", 0)])
-        avg.append([snr(s), sh, get(c, "noisy", "corr"), get(c, "aspire", "corr"),
+        if any("corr_detail" in v for v in c.values()):
+            detail.append([snr(s), sh] + [get(c, kind, "corr_detail") for kind in
+                                          ("noisy", "global", "aspire", "knn_mirror", "means")])
+        avg.append([snr(s), sh, get(c, "noisy", "corr"), get(c, "global", "corr"),
+                    get(c, "aspire", "corr"),
                     get(c, "knn_mirror", "corr"), get(c, "knn", "corr"), get(c, "means", "corr"),
                     get(c, "aspire", "seconds_averages_all_n", 0),
                     get(c, "knn_mirror", "seconds_averages", 0),
@@ -307,16 +318,24 @@ def table_cryoem(r):
         return table_generic(r)
     k = r.get("k", 10)
     t1 = md_table(["SNR", "shifts", "ASPIRE (mirrors)", "ours, mirrors", "ours, no mirrors",
+                   "ours, mirrors, searched again on the invariant means",
                    "s ASPIRE classify", "s ours, mirrors", "s ours, no mirrors"], nbr,
-                  ["l", "l", "r", "r", "r", "r", "r", "r"])
-    t2 = md_table(["SNR", "shifts", "noisy image", "ASPIRE", f"ours, one-step k={k}, mirrors",
-                   f"ours, one-step k={k}", "ours, invariant_means_",
-                   "s ASPIRE (all n, extrapolated)", "s ours one-step", "s ours fit (means)"],
-                  avg, ["l", "l"] + ["r"] * 8)
+                  ["l", "l", "r", "r", "r", "r", "r", "r", "r"])
+    t2 = md_table(["SNR", "shifts", "noisy image", "mean of all images (no alignment)", "ASPIRE",
+                   f"ours, one-step k={k}, mirrors", f"ours, one-step k={k}",
+                   "ours, invariant_means_", "s ASPIRE (all n, extrapolated)",
+                   "s ours one-step", "s ours fit (means)"],
+                  avg, ["l", "l"] + ["r"] * 9)
     return ("Share of the 10 nearest neighbours within 10 degrees of viewing direction "
             "(median angle):\n\n" + t1 +
             f"\n\nMedian correlation of the class averages (k = {k} neighbours + the image) "
-            f"with the clean projections, over the first {r.get('n_avg', '')} images:\n\n" + t2)
+            f"with the clean projections, over the first {r.get('n_avg', '')} images:\n\n" + t2
+            + ("" if not detail else
+               "\n\nThe same once the mean of all clean images (the particle's common shape) is "
+               "subtracted from both (``corr_detail``; empty: not run with that metric):\n\n"
+               + md_table(["SNR", "shifts", "noisy image", "mean of all images", "ASPIRE",
+                           f"ours, one-step k={k}, mirrors", "ours, invariant_means_"],
+                          detail, ["l", "l"] + ["r"] * 5)))
 
 
 def table_generic(r):
