@@ -332,7 +332,7 @@ def table_cryoem(r):
             f"with the clean projections, over the first {r.get('n_avg', '')} images:\n\n" + t2
             + ("" if not detail else
                "\n\nThe same once the mean of all clean images (the particle's common shape) is "
-               "subtracted from both (``corr_detail``; empty: not run with that metric):\n\n"
+               "subtracted from both (`corr_detail`; empty: not run with that metric):\n\n"
                + md_table(["SNR", "shifts", "noisy image", "mean of all images", "ASPIRE",
                            f"ours, one-step k={k}, mirrors", "ours, invariant_means_"],
                           detail, ["l", "l"] + ["r"] * 5)))
