@@ -22,7 +22,14 @@ from sklearn.utils.validation import check_is_fitted
 
 from . import _memory
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
-from ._grouping import graph_modes, group, resolve_graph, two_hop_candidates, vote
+from ._grouping import (
+    DECIDE_ROWS,
+    graph_modes,
+    group,
+    resolve_graph,
+    two_hop_candidates,
+    vote,
+)
 from ._iteration import (  # noqa: F401 - the iteration's names, importable from here as before
     _relabel_by_size,
     attend_means,
@@ -385,16 +392,30 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         idx_m = dist_m = modes = None
         Dg = D
         graph = self.graph
-        own = torch.arange(M.shape[0], device=M.device)
+        n = M.shape[0]
+        own = torch.arange(n, device=M.device)
         if graph != "samples" and k > 0:
-            # the means' graph within two hops: cheap, and what "auto" decides on
-            Dm, idx_mt, _ = candidate_search(M, M, two_hop_candidates(idx), grid, k=k,
-                                             batch_size=self.batch_size, client=self.client,
-                                             exclude=own)
-            idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
-            if self.n_clusters is None:
-                modes = graph_modes(idx_m, dist_m, tol_modes)
-            graph = resolve_graph(graph, idx.cpu().numpy(), idx_m)
+            if graph == "means" or self.n_clusters is None:
+                # the means' graph within two hops, for every sample: the graph itself, or
+                # the modes n_clusters=None merges along
+                Dm, idx_mt, _ = candidate_search(M, M, two_hop_candidates(idx), grid, k=k,
+                                                 batch_size=self.batch_size,
+                                                 client=self.client, exclude=own)
+                idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
+                if self.n_clusters is None:
+                    modes = graph_modes(idx_m, dist_m, tol_modes)
+                graph = resolve_graph(graph, idx.cpu().numpy(), idx_m)
+            else:
+                # "auto" with n_clusters: decided on the two-hop means' graph of at most
+                # DECIDE_ROWS samples (all of them below that)
+                rows = own
+                if n > DECIDE_ROWS:
+                    pick = np.random.default_rng(seed).choice(n, DECIDE_ROWS, replace=False)
+                    rows = torch.as_tensor(np.sort(pick), device=M.device)
+                _, idx_r, _ = candidate_search(M[rows], M, two_hop_candidates(idx, rows), grid,
+                                               k=k, batch_size=self.batch_size,
+                                               client=self.client, exclude=rows)
+                graph = resolve_graph(graph, idx[rows].cpu().numpy(), idx_r.cpu().numpy())
             if graph == "both":
                 # the union's means' graph is searched again among ALL means: the denoised
                 # means find neighbours the noisy samples' graph never offered (see
