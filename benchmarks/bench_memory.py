@@ -41,7 +41,7 @@ def child(n, data):
     import numpy as np
 
     from invariant_cluster import InvariantAttentionClusterer
-    from invariant_cluster._memory import default_n_candidates, estimate_fit_bytes, use_exact_search
+    from invariant_cluster._memory import estimate_fit_bytes, shortlist_length
     from invariant_cluster.datasets import load_fashion_mnist
 
     try:
@@ -54,9 +54,9 @@ def child(n, data):
         raise SystemExit(f"--n: {n} images requested, {len(X)} available in {source}")
     X = np.ascontiguousarray(X[:n], dtype=np.float32)
     est = InvariantAttentionClusterer(**PARAMS)
-    grid_size = PARAMS["n_rotations"] * (2 * PARAMS["max_translation"] + 1) ** 2
     k = est.n_neighbors
-    c = 0 if use_exact_search("auto", n, grid_size) else default_n_candidates(k, n)
+    c = shortlist_length(est.neighbor_search, est.n_candidates, k, n,
+                         est._grid(refine=False).size)
     estimate = estimate_fit_bytes(n, X[0].size, k, c) / 2 ** 20
     before = _rss_mb()
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

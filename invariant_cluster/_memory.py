@@ -94,6 +94,16 @@ def use_exact_search(neighbor_search, n_keys, grid_size) -> bool:
     return n_keys * grid_size <= AUTO_EXACT_WORK
 
 
+def shortlist_length(neighbor_search, n_candidates, k, n_keys, grid_size) -> int:
+    """Candidates per query that the estimators' kNN search shortlists: 0 for the exact search,
+    else ``n_candidates`` (None: :func:`default_n_candidates`), at least ``k``, at most
+    ``n_keys``, as :func:`~invariant_cluster.search.shortlist.neighbor_search` uses it."""
+    if use_exact_search(neighbor_search, n_keys, grid_size):
+        return 0
+    c = default_n_candidates(k, n_keys) if n_candidates is None else int(n_candidates)
+    return int(min(max(c, int(k)), n_keys))
+
+
 class InsufficientMemoryError(MemoryError, ValueError):
     """A requested computation does not fit in the memory available on its device.
 

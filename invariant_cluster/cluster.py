@@ -327,8 +327,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
         k = int(min(self.n_neighbors, n - 1))
         # a fit that cannot fit fails now, not after an hour of search
-        c = 0 if _memory.use_exact_search(self.neighbor_search, n, grid.size) else (
-            self.n_candidates or _memory.default_n_candidates(k, n))
+        c = _memory.shortlist_length(self.neighbor_search, self.n_candidates, k, n, grid.size)
         _memory.check_fits(
             _memory.estimate_fit_bytes(n, X2.shape[1], k, c, element_size=X2.dtype.itemsize,
                                        device=dev),
@@ -351,7 +350,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
             self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
             # 4. group: Leiden on the samples' graph or its union with the means' graph
             stage = progress_bar(1, "grouping", "stage")
-            labels, Dg = self._group(D, idx, M, grid, k, seed, (rho + sigma).cpu().numpy())
+            labels, Dg = self._group(D, idx, M, grid, k, seed, rho + sigma)
             stage.update()
             stage.close()
             self._log(f"{int(labels.max()) + 1} clusters ({time.perf_counter() - t0:.1f} s)")
@@ -388,34 +387,31 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         """Labels (largest cluster first) from the samples' graph ``(D, idx)``, the means'
         graph, or their union (see ``graph``); and the distances of the graph that ranks each
         cluster's densest member. ``tol_modes``: the edge length within which two converged
-        means are one mode (used by ``n_clusters=None``)."""
+        means are one mode (a tensor, used by ``n_clusters=None``)."""
         idx_m = dist_m = modes = None
         Dg = D
         graph = self.graph
         n = M.shape[0]
         own = torch.arange(n, device=M.device)
         if graph != "samples" and k > 0:
-            if graph == "means" or self.n_clusters is None:
-                # the means' graph within two hops, for every sample: the graph itself, or
-                # the modes n_clusters=None merges along
-                Dm, idx_mt, _ = candidate_search(M, M, two_hop_candidates(idx), grid, k=k,
-                                                 batch_size=self.batch_size,
-                                                 client=self.client, exclude=own)
-                idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
-                if self.n_clusters is None:
-                    modes = graph_modes(idx_m, dist_m, tol_modes)
-                graph = resolve_graph(graph, idx.cpu().numpy(), idx_m)
-            else:
-                # "auto" with n_clusters: decided on the two-hop means' graph of at most
-                # DECIDE_ROWS samples (all of them below that)
+            if graph != "both" or self.n_clusters is None:
+                # the means' graph within two hops: for every sample when it is grouped
+                # itself ("means") or gives the modes n_clusters=None merges along; else
+                # "auto" only decides on it, from at most DECIDE_ROWS samples
                 rows = own
-                if n > DECIDE_ROWS:
+                if graph == "auto" and self.n_clusters is not None and n > DECIDE_ROWS:
                     pick = np.random.default_rng(seed).choice(n, DECIDE_ROWS, replace=False)
                     rows = torch.as_tensor(np.sort(pick), device=M.device)
-                _, idx_r, _ = candidate_search(M[rows], M, two_hop_candidates(idx, rows), grid,
-                                               k=k, batch_size=self.batch_size,
-                                               client=self.client, exclude=rows)
-                graph = resolve_graph(graph, idx[rows].cpu().numpy(), idx_r.cpu().numpy())
+                Dm, idx_mt, _ = candidate_search(M if rows is own else M[rows], M,
+                                                 two_hop_candidates(idx, rows), grid, k=k,
+                                                 batch_size=self.batch_size,
+                                                 client=self.client, exclude=rows)
+                idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
+                if self.n_clusters is None:
+                    modes = graph_modes(idx_m, dist_m, tol_modes.cpu().numpy())
+                graph = resolve_graph(graph, idx[rows].cpu().numpy(), idx_m)
+                if rows is not own:
+                    idx_m = dist_m = None  # a subset's graph decided; it is not grouped
             if graph == "both":
                 # the union's means' graph is searched again among ALL means: the denoised
                 # means find neighbours the noisy samples' graph never offered (see
