@@ -57,12 +57,17 @@ def test_default_search_beyond_threshold_is_approximate_and_recalls_exact_top_k(
     assert _recall(exact, found) >= 0.95
 
 
+def _random_descriptors(seed, n, copies, d):
+    """Query and key descriptors ``(n, U, d)``, ``(n, V, d)`` of Gaussian noise, and the
+    index of each query's own key."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, copies[0], d, generator=g), torch.randn(n, copies[1], d, generator=g),
+            torch.arange(n))
+
+
 def test_approximate_shortlist_contract_and_agreement_with_the_exact_shortlist():
-    g = torch.Generator().manual_seed(3)
     n, m = 500, 40
-    Xd = torch.randn(n, 4, 16, generator=g)
-    Yd = torch.randn(n, 3, 16, generator=g)
-    own = torch.arange(n)
+    Xd, Yd, own = _random_descriptors(seed=3, n=n, copies=(4, 3), d=16)
     exact = shortlist(Xd, Yd, m, exclude=own)
     cand = approximate_shortlist(Xd, Yd, m, exclude=own)
     assert cand.shape == (n, m) and cand.dtype == torch.long
@@ -75,11 +80,8 @@ def test_approximate_shortlist_contract_and_agreement_with_the_exact_shortlist()
 def test_rows_the_graph_search_leaves_short_fall_back_to_the_exact_shortlist(monkeypatch):
     # one graph entry per query copy: most rows hold fewer distinct keys than asked
     monkeypatch.setattr(approx_module, "_ENTRIES_PER_CANDIDATE", 0.01)
-    g = torch.Generator().manual_seed(5)
     n, m = 300, 30
-    Xd = torch.randn(n, 2, 12, generator=g)
-    Yd = torch.randn(n, 2, 12, generator=g)
-    own = torch.arange(n)
+    Xd, Yd, own = _random_descriptors(seed=5, n=n, copies=(2, 2), d=12)
     cand = approximate_shortlist(Xd, Yd, m, exclude=own)
     exact = shortlist(Xd, Yd, m, exclude=own)
     assert torch.equal(cand, exact)
