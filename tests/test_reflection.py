@@ -249,7 +249,7 @@ class TestCommandLine:
         for sl in (slice(0, 6), slice(6, 12)):
             assert (mirror[sl] == bits[sl]).all() or (mirror[sl] != bits[sl]).all()
 
-    def test_fit_without_it_keeps_four_columns(self, mirrored, capsys):
+    def test_fit_without_it_writes_no_mirror_column(self, mirrored, capsys):
         import csv
 
         from _cli import call
