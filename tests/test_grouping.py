@@ -191,3 +191,40 @@ def test_n_clusters_none_finds_the_ten_digits(n, seed):
     # and they are the digits, not an arbitrary cut: k-means on pixels gets about 0.35, the
     # estimator told n_clusters=10 0.76 (n = 1,000, seed 0) and 0.92 (n = 2,000, seed 1)
     assert clustering_accuracy(mnist.target[sel], est.labels_) > 0.7
+
+
+def _counting_run(counts_at):
+    """A stand-in for one Leiden run: ``counts_at(resolution)`` parts; records the probes."""
+    probes = []
+
+    def run(resolution, start=None):
+        c = max(1, int(counts_at(resolution)))
+        probes.append((resolution, c, None if start is None else int(start.max()) + 1))
+        return np.arange(1000) % c
+
+    return run, probes
+
+
+@pytest.mark.parametrize("target", [2, 3, 7, 10, 25, 60])
+@pytest.mark.parametrize("alpha", [0.4, 0.7, 1.5])
+def test_resolution_search_finds_the_count(target, alpha):
+    from invariant_cluster._grouping import _search_resolution
+
+    run, probes = _counting_run(lambda r: 18 * r ** alpha)
+    labels = _search_resolution(run, target, max_steps=40)
+    assert int(labels.max()) + 1 == target
+    # a secant search, not a bisection over eight decades: a handful of Leiden runs
+    assert len(probes) <= 12
+    # warm starts only from a finer partition (Leiden then merges)
+    assert all(s is None or s > target for _, _, s in probes)
+
+
+def test_resolution_search_without_the_exact_count():
+    from invariant_cluster._grouping import _search_resolution
+
+    # only even counts exist: the closest count below is returned
+    run, _ = _counting_run(lambda r: 2 * int(9 * r))
+    assert int(_search_resolution(run, 11, max_steps=40).max()) + 1 == 10
+    # a count that no resolution reaches (more components than asked): the fewest found
+    run, _ = _counting_run(lambda r: 30 + r)
+    assert int(_search_resolution(run, 10, max_steps=40).max()) + 1 > 10
