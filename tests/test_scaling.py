@@ -87,6 +87,32 @@ def test_rows_the_graph_search_leaves_short_fall_back_to_the_exact_shortlist(mon
     assert torch.equal(cand, exact)
 
 
+def test_short_rows_are_asked_again_before_the_exact_fallback(monkeypatch):
+    # few graph entries per query copy: the first ask leaves rows short of distinct keys, the
+    # second (3x the entries) serves them without comparing them with every key
+    import sys
+
+    monkeypatch.setattr(approx_module, "_ENTRIES_PER_CANDIDATE", 1.0)
+    n, m = 400, 30
+    Xd, Yd, own = _random_descriptors(seed=7, n=n, copies=(3, 2), d=12)
+    asked = []
+    real = approx_module._distinct_keys
+    monkeypatch.setattr(approx_module, "_distinct_keys",
+                        lambda *a: asked.append(a[2]) or real(*a))
+
+    def no_exact(*a, **k):
+        raise AssertionError("the exact fallback ran")
+
+    monkeypatch.setattr(sys.modules["invariant_cluster.search.shortlist"], "shortlist", no_exact)
+    cand = approximate_shortlist(Xd, Yd, m, exclude=own)
+    assert len(asked) >= 2 and asked[1] == 3 * asked[0]
+    srt = cand.sort(1).values
+    assert not bool((srt[:, 1:] == srt[:, :-1]).any())
+    assert not bool((cand == own[:, None]).any())
+    monkeypatch.undo()
+    assert _recall(shortlist(Xd, Yd, m, exclude=own)[:, :10], cand) >= 0.9
+
+
 def test_rotations_on_the_query_side_give_the_same_shortlist(smooth_images):
     X = _copies(smooth_images, 12, 5, 20, seed=1)
     grid = make_search_grid("rotation", 60.0, 13, refine=False)
