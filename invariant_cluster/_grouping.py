@@ -188,11 +188,15 @@ def fuzzy_graph(index: np.ndarray, dist: np.ndarray, random_state=0, calibration
 
 # Maintenance note (RESOLUTION_SEARCH_NOTE): the resolution giving ``n_clusters`` parts is
 # searched by secant steps on log(count) against log(resolution), kept inside the bracket once
-# there is one, and each probe starts from the partition of the finest probe with too many
-# parts (Leiden then mostly merges communities). On the 70,000 Fashion-MNIST images the earlier
-# geometric bisection from 1 ran Leiden 7 times, cold, 20 s each: 145 of the 280 s of the
-# grouping stage. On the 20,000-image graph a warm probe took 1.6-1.7 s against 2.9-3.1 s
-# cold, with the same modularity within 0.3% and NMI with the classes within 0.01.
+# there is one. Leiden runs on the whole graph only until a probe has too many parts; the
+# probes below that resolution run on that probe's aggregate graph (one node per community,
+# leidenalg's ``aggregate_partition``, whose quality is the partition's), so they only merge
+# communities, in milliseconds. On the 70,000 Fashion-MNIST images the earlier geometric
+# bisection ran Leiden 7 times on the whole graph, 20 s each: 145 of the 280 s of the grouping
+# stage. On the 20,000-image graph, probes at resolutions 0.5/0.4/0.3/0.2 on the aggregate of
+# resolution 1 took 0.07-0.15 s against 3-4 s on the whole graph, with 12/12/8/7 parts against
+# 11/11/7/7, the same quality (within 0.4%) and NMI with the classes 0.640/0.651/0.687/0.694
+# against 0.653/0.647/0.693/0.680.
 _RESOLUTION_RANGE = (1e-4, 1e4)
 
 
@@ -211,37 +215,55 @@ def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
     upper = g.row < g.col
     net = ig.Graph(n=graph.shape[0], edges=np.c_[g.row[upper], g.col[upper]],
                    edge_attrs={"weight": g.data[upper]})
+    optimiser = la.Optimiser()
+    optimiser.set_rng_seed(int(random_state))
 
-    def run(resolution, start=None):
-        part = la.RBConfigurationVertexPartition(
-            net, weights="weight", resolution_parameter=resolution,
-            initial_membership=None if start is None else start.tolist())
-        optimiser = la.Optimiser()
-        optimiser.set_rng_seed(int(random_state))
-        optimiser.optimise_partition(part, n_iterations=2)
-        return np.asarray(part.membership, dtype=np.int64)
+    def run(resolution, finer=None):
+        """Leiden at ``resolution``: on the whole graph, or merging the communities of the
+        partition ``finer`` (on its aggregate graph). Returns ``(labels, partition)``."""
+        if finer is None:
+            part = la.RBConfigurationVertexPartition(net, weights="weight",
+                                                     resolution_parameter=resolution)
+            optimiser.optimise_partition(part, n_iterations=2)
+        else:
+            coarse = finer.aggregate_partition()
+            coarse.resolution_parameter = resolution
+            optimiser.optimise_partition(coarse, n_iterations=2)
+            part = la.RBConfigurationVertexPartition(
+                net, weights="weight", resolution_parameter=resolution,
+                initial_membership=finer.membership)
+            part.from_coarse_partition(coarse)
+        return np.unique(part.membership, return_inverse=True)[1].astype(np.int64), part
 
     if n_clusters is None:
-        return run(1.0)
+        return run(1.0)[0]
     return _search_resolution(run, int(n_clusters), max_steps)
 
 
 def _search_resolution(run, n_clusters, max_steps):
-    """Secant search for the resolution at which ``run(resolution, start)`` gives
-    ``n_clusters`` parts (the count grows with the resolution); see :func:`leiden`."""
+    """Secant search for the resolution at which ``run(resolution, finer)`` gives
+    ``n_clusters`` parts (the count grows with the resolution); ``finer`` is the partition of
+    the finest probe with too many parts so far (None before there is one). See
+    :func:`leiden`."""
     target = math.log(n_clusters)
     lo_r, hi_r = (math.log(r) for r in _RESOLUTION_RANGE)
-    below = above = None  # (log r, log count, labels) of the nearest probes on either side
+    below = above = None  # (log r, log count, partition) of the nearest probes either side
     best, x, prev = None, 0.0, None
     for _ in range(max_steps):
-        labels = run(math.exp(x), None if above is None else above[2])
+        # only merging is asked of a finer partition: a probe above its resolution starts over
+        finer = above[2] if above is not None and x < above[0] else None
+        labels, part = run(math.exp(x), finer)
         c = int(labels.max()) + 1
         if c <= n_clusters and (best is None or c > int(best.max()) + 1):
             best = labels
         if c == n_clusters:
             break
-        point = (x, math.log(c), labels)
+        point = (x, math.log(c), part)
         if c > n_clusters:
+            if finer is None:
+                # from now on the probes merge this partition's communities: counts from the
+                # whole graph below it are of another function and would bracket nothing
+                below = None
             above = point
         else:
             below = point
@@ -255,8 +277,8 @@ def _search_resolution(run, n_clusters, max_steps):
         else:
             # one side only: the count grows about as the resolution (slope 1 in log-log)
             step = target - point[1]
-            if prev is not None and prev[1] != point[1]:
-                slope = (point[1] - prev[1]) / (point[0] - prev[0]) if point[0] != prev[0] else 1.0
+            if prev is not None and prev[1] != point[1] and point[0] != prev[0]:
+                slope = (point[1] - prev[1]) / (point[0] - prev[0])
                 if 0.2 <= slope <= 5.0:
                     step /= slope
             nxt = min(max(x + step, lo_r), hi_r)

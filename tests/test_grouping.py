@@ -197,10 +197,11 @@ def _counting_run(counts_at):
     """A stand-in for one Leiden run: ``counts_at(resolution)`` parts; records the probes."""
     probes = []
 
-    def run(resolution, start=None):
+    def run(resolution, finer=None):
         c = max(1, int(counts_at(resolution)))
-        probes.append((resolution, c, None if start is None else int(start.max()) + 1))
-        return np.arange(1000) % c
+        labels = np.arange(1000) % c
+        probes.append((resolution, c, None if finer is None else int(finer.max()) + 1))
+        return labels, labels
 
     return run, probes
 
@@ -215,7 +216,7 @@ def test_resolution_search_finds_the_count(target, alpha):
     assert int(labels.max()) + 1 == target
     # a secant search, not a bisection over eight decades: a handful of Leiden runs
     assert len(probes) <= 12
-    # warm starts only from a finer partition (Leiden then merges)
+    # merging only starts from a finer partition
     assert all(s is None or s > target for _, _, s in probes)
 
 
