@@ -48,29 +48,56 @@ def refine_alignments(Xp: torch.Tensor, Yp: torch.Tensor, params: torch.Tensor,
     W = fast_warp(Yp, params)
     res = Xf - W.reshape(P, -1)
     loss = (res * res).sum(1)
-    J = warp_jacobian(W, params) * free.to(dtype)
+    mask = free.to(dtype)
+    J = warp_jacobian(W, params) * mask
     lam = torch.full((P,), 1e-3, dtype=dtype, device=Xp.device)
     fixed = (~free).to(dtype)
+    rejected = torch.zeros(P, dtype=torch.long, device=Xp.device)
+    # the pairs still moving (see REFINE_STOP_NOTE): each step warps only those
+    active = torch.arange(P, device=Xp.device)
     for _ in range(n_steps):
-        JtJ = J.transpose(1, 2) @ J
-        g = (J.transpose(1, 2) @ res[..., None])[..., 0]
+        if active.numel() == 0:
+            break
+        Ja, ra, la = J[active], res[active], lam[active]
+        JtJ = Ja.transpose(1, 2) @ Ja
+        g = (Ja.transpose(1, 2) @ ra[..., None])[..., 0]
         diag = torch.diagonal(JtJ, dim1=1, dim2=2)
-        A = JtJ + torch.diag_embed(lam[:, None] * diag + 1e-9 + fixed)
-        step = torch.linalg.solve(A, g) * free.to(dtype)
-        cand = params + step
-        cand = _clamp_params(cand, grid)
-        Wc = fast_warp(Yp, cand)
-        rc = Xf - Wc.reshape(P, -1)
+        A = JtJ + torch.diag_embed(la[:, None] * diag + 1e-9 + fixed)
+        step = torch.linalg.solve(A, g) * mask
+        cand = _clamp_params(params[active] + step, grid)
+        Wc = fast_warp(Yp[active], cand)
+        rc = Xf[active] - Wc.reshape(active.numel(), -1)
         lc = (rc * rc).sum(1)
-        better = lc < loss
-        if bool(better.any()):
-            bi = torch.nonzero(better).flatten()
-            params[bi] = cand[bi]
-            loss[bi] = lc[bi]
-            res[bi] = rc[bi]
-            J[bi] = warp_jacobian(Wc[bi], cand[bi]) * free.to(dtype)
-        lam = torch.where(better, lam / 3.0, lam * 4.0)
+        old = loss[active]
+        better = lc < old
+        bi = torch.nonzero(better).flatten()
+        if bi.numel():
+            ai = active[bi]
+            params[ai] = cand[bi]
+            loss[ai] = lc[bi]
+            res[ai] = rc[bi]
+            J[ai] = warp_jacobian(Wc[bi], cand[bi]) * mask
+        lam[active] = torch.where(better, la / 3.0, la * 4.0)
+        rejected[active] = torch.where(better, torch.zeros_like(rejected[active]),
+                                       rejected[active] + 1)
+        gain = (old - lc) / old.clamp(min=torch.finfo(dtype).tiny)
+        moving = torch.where(better, gain > _REFINE_GAIN, rejected[active] < _REFINE_REJECTIONS)
+        active = active[moving]
     return loss, params
+
+
+# Maintenance note (REFINE_STOP_NOTE): a pair leaves the Levenberg-Marquardt loop when an
+# accepted step lowered its residual by less than _REFINE_GAIN (relative), or after
+# _REFINE_REJECTIONS rejected steps in a row; the others take up to ``n_steps`` steps. Every
+# step warped every pair before. Measured on the 16 nearest grid neighbours of 3,000
+# Fashion-MNIST images (48,000 pairs, +-15 degrees, +-1 px): after step 3 the median
+# accepted gain is 0.3%, falling to 0.001%, and the mean distance goes 21.77 -> 21.67 over
+# steps 3-8. With these values 10.2 s instead of 15.8 s, mean
+# distance 20.935 instead of 20.919 (+0.08%; the grid's 23.42); (3e-4, 1) 11.5 s, 20.932.
+# InvariantKNeighborsTransformer(n_neighbors=15) on 10,000 Fashion-MNIST images: refinement
+# 16.4 s of a 39.4 s fit_transform.
+_REFINE_GAIN = 1e-3
+_REFINE_REJECTIONS = 1
 
 
 def _clamp_params(p: torch.Tensor, grid: SearchGrid) -> torch.Tensor:
