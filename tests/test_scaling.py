@@ -57,6 +57,35 @@ def test_default_search_beyond_threshold_is_approximate_and_recalls_exact_top_k(
     assert _recall(exact, found) >= 0.95
 
 
+@pytest.mark.parametrize("n_protos, n_copies, size, k", [(20, 12, 20, 10), (30, 9, 16, 6)])
+def test_pass_over_the_neighbours_neighbours_recovers_missed_neighbours(
+        smooth_images, n_protos, n_copies, size, k):
+    X = _copies(smooth_images, n_protos, n_copies, size, seed=size)
+    n = X.shape[0]
+    grid = make_search_grid("se2", 30.0, 9, 1, refine=False)
+    own = torch.arange(n)
+    De, exact, _ = grid_search(X, X, grid, k=k, exclude=own)
+    # a short shortlist: the descriptors alone miss some of the exact top-k
+    kw = dict(k=k, exclude=own, n_candidates=k + 2)
+    D0, I0, _ = neighbor_search(X, X, grid, hops=0, **kw)
+    D1, I1, P1 = neighbor_search(X, X, grid, **kw)
+    r0, r1 = _recall(exact, I0), _recall(exact, I1)
+    assert r0 < 1.0 and r1 > r0
+    # still a kNN list: ascending, distinct keys, never the query, each distance the pair's own
+    assert bool((D1[:, 1:] >= D1[:, :-1]).all())
+    srt = I1.sort(1).values
+    assert not bool((srt[:, 1:] == srt[:, :-1]).any())
+    assert not bool((I1 == own[:, None]).any())
+    assert bool((D1 <= D0 + 1e-4).all()), "a row got worse"
+    for i in (0, n // 2, n - 1):  # each distance is the pair's own grid distance
+        Dp, _ = grid_search(X[i:i + 1], X[I1[i]], grid)
+        assert torch.allclose(D1[i], Dp[0].clamp(min=0), rtol=1e-4, atol=1e-4)
+    # another query set than the keys: no pass (the keys' own neighbours are unknown)
+    Dq, Iq, _ = neighbor_search(X[:7].clone(), X, grid, k=k, n_candidates=k + 2)
+    Dq0, Iq0, _ = neighbor_search(X[:7].clone(), X, grid, k=k, n_candidates=k + 2, hops=0)
+    assert torch.equal(Iq, Iq0)
+
+
 def _random_descriptors(seed, n, copies, d):
     """Query and key descriptors ``(n, U, d)``, ``(n, V, d)`` of Gaussian noise, and the
     index of each query's own key."""

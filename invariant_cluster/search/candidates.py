@@ -154,7 +154,11 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
     _memory.check_fits((per_key + per_pair) * es, device, "the search of a single key",
                        hint="use a smaller grid (n_rotations, max_translation) or smaller images")
     flat = candidates.reshape(-1)
-    counts = torch.bincount(flat, minlength=n_y)
+    if exclude is not None:
+        # an excluded pair is never computed: its key becomes n_y, sorted past every real key
+        # (lists padded with the query's own index cost nothing)
+        flat = torch.where(candidates == exclude.to(device)[:, None], n_y, candidates).reshape(-1)
+    counts = torch.bincount(flat, minlength=n_y + 1)[:n_y]
     order = torch.argsort(flat, stable=True)  # pairs grouped by key, queries ascending
     starts = torch.cumsum(counts, 0) - counts
     query_of_pair = order // c

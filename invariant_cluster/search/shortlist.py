@@ -197,7 +197,7 @@ def shortlist_descriptors(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *,
 
 def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_candidates=None,
                     batch_size=None, exclude=None, client=None, descriptor="steerable",
-                    candidates=None, return_candidates=False, approximate=None):
+                    candidates=None, return_candidates=False, approximate=None, hops=None):
     """Approximate top-``k`` invariant neighbours: descriptor shortlist, then exact search.
 
     Same outputs as ``grid_search(X, Y, grid, k=k)``; a true neighbour is missed only when the
@@ -231,6 +231,11 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
         (:func:`~invariant_cluster.search.approximate.approximate_shortlist`, about ``O(n log n)``)
         instead of comparing every query with every key (``O(n^2)``). None: from
         ``_memory.APPROXIMATE_MIN_KEYS`` keys on.
+    hops : int, optional
+        When the queries are the keys (``X is Y``, with ``exclude``) and the shortlist does not
+        hold every key: one more exact pass over the ``hops`` nearest neighbours of each
+        query's ``hops`` nearest neighbours, those not shortlisted (None:
+        ``_memory.HOP_NEIGHBORS``; 0: none). It recovers neighbours the descriptors missed.
 
     Returns
     -------
@@ -268,4 +273,37 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
             candidates = shortlist(X_desc, Y_desc, n_candidates, exclude=exclude)
     out = candidate_search(X, Y, candidates, grid, k=k, batch_size=batch_size, exclude=exclude,
                            client=client)
+    hops = _memory.HOP_NEIGHBORS if hops is None else check_int(hops, "hops", 0)
+    if hops and X is Y and exclude is not None and candidates.shape[1] < n_y - 1:
+        out = _hop_pass(X, grid, out, candidates, min(hops, k), exclude, batch_size, client)
     return (*out, candidates) if return_candidates else out
+
+
+def _hop_pass(X, grid, found, candidates, hops, exclude, batch_size, client):
+    """One more exact pass of a self-search over the neighbours' neighbours: the ``hops``
+    nearest neighbours of each query's ``hops`` nearest neighbours that its shortlist did not
+    hold, merged into its top-``k`` (see ``_memory.HOP_NEIGHBORS``)."""
+    dist, index, params = found
+    n, c = candidates.shape
+    own = exclude.to(index.device)
+    hop = index[index[:, :hops]][:, :, :hops].reshape(n, hops * hops)
+    # sort each row's shortlist and hop lists together, shortlist first for equal keys (tag 0);
+    # a hop key is new when it is the first of its run and tagged 1
+    keyed = torch.cat([candidates.to(index.device) * 2, hop * 2 + 1], 1).sort(1).values
+    key = keyed // 2
+    new = (keyed % 2 == 1)
+    new[:, 1:] &= key[:, 1:] != key[:, :-1]
+    new &= key != own[:, None]
+    width = int(new.sum(1).max()) if n else 0
+    if width == 0:
+        return found
+    # the new keys first in each row (stable), padded with the query itself (never computed)
+    pos = torch.argsort((~new).to(torch.int8), dim=1, stable=True)[:, :width]
+    extra = torch.where(new.gather(1, pos), key.gather(1, pos), own[:, None])
+    d2, i2, p2 = candidate_search(X, X, extra, grid, k=min(width, dist.shape[1]),
+                                  batch_size=batch_size, exclude=exclude, client=client)
+    k = dist.shape[1]
+    d = torch.cat([dist, d2], 1)
+    top, at = torch.topk(d, k, dim=1, largest=False, sorted=True)
+    return (top, torch.cat([index, i2], 1).gather(1, at),
+            torch.cat([params, p2], 1).gather(1, at[..., None].expand(-1, -1, params.shape[-1])))
