@@ -36,6 +36,14 @@ and the load average of the machine (a shared machine makes the timings slower):
 
     python benchmarks/bench_scaling.py --fashion --threads 2     # about 20 minutes
 
+``--dask N`` (with ``--fashion``) also runs the fit's kNN search at the largest size on a
+``dask.distributed.LocalCluster`` of ``N`` single-threaded worker processes and checks that its
+graph (indices, distances, alignments) is identical to the local search's; ``--dask-only``
+skips everything else::
+
+    python benchmarks/bench_scaling.py --fashion --dask 2 --dask-only --threads 2 \
+        --out benchmarks/results/scaling_fashion70k_dask.json
+
 Writes ``benchmarks/results/scaling.json`` (``scaling_quick.json``, ``scaling_recall.json``) and
 a log-log PNG next to it.
 """
@@ -319,6 +327,42 @@ def _fashion_recall(X, neighbors, grid, n_queries, seed):
     return recall(Ie, found), len(q)
 
 
+def run_dask_identity(X, n_workers):
+    """The fit's kNN search of ``X`` here and on a LocalCluster: times and identity."""
+    from dask.distributed import Client, LocalCluster
+
+    from invariant_cluster.search import knn_search
+
+    grid = make_search_grid("se2", FASHION["max_rotation"], FASHION["n_rotations"],
+                            FASHION["max_translation"], refine=False)
+    n, k = len(X), 15
+    Xt = torch.as_tensor(X).reshape(n, 1, 28, 28)
+    own = torch.arange(n)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        local = knn_search(Xt, Xt, grid, k, exclude=own)
+        t_local = time.perf_counter() - t0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                                   dashboard_address=None)
+            client = Client(cluster)
+        try:
+            client.run(torch.set_num_threads, 1)
+            t0 = time.perf_counter()
+            remote = knn_search(Xt, Xt, grid, k, exclude=own, client=client)
+            t_dask = time.perf_counter() - t0
+        finally:
+            client.close()
+            cluster.close()
+    same = [bool(torch.equal(a, b)) for a, b in zip(local, remote)]
+    row = {"n": n, "method": f"kNN search on a dask LocalCluster ({n_workers} workers x 1 thread)",
+           "seconds": t_dask, "local_seconds": t_local, "identical_index": same[1],
+           "identical_dist": same[0], "identical_params": same[2]}
+    print_table([row], list(row))
+    return row
+
+
 def run_fashion(args):
     import os
 
@@ -329,6 +373,10 @@ def run_fashion(args):
 
     X_all, y_all = load_fashion_mnist(split="all", return_X_y=True)
     rows = []
+    if args.dask_only:
+        rows.append(run_dask_identity(X_all[:max(args.fashion_n)], args.dask))
+        return rows, {}, {"dask_identical": all(rows[-1][f"identical_{w}"]
+                                                for w in ("index", "dist", "params"))}
     grid = make_search_grid("se2", FASHION["max_rotation"], FASHION["n_rotations"],
                             FASHION["max_translation"], refine=False)
     # first use: numba compiles umap-learn's and pynndescent's functions (partly cached on
@@ -387,6 +435,8 @@ def run_fashion(args):
         _, t, mb = timed(lambda: tr.fit_transform(X))
         rows.append({"n": n, "method": "InvariantKNeighborsTransformer(n_neighbors=15)",
                      "seconds": t, "peak_mb": mb, "loadavg_after": os.getloadavg()})
+    if args.dask:
+        rows.append(run_dask_identity(X, args.dask))
     for name, acc in PUBLISHED.items():
         rows.append({"n": 70000, "method": name, "acc": acc})
     print_table(rows, ["n", "method", "seconds", "peak_mb", "recall", "acc", "nmi"])
@@ -487,6 +537,9 @@ def main(argv=None):
     p.add_argument("--recall-queries", type=int, default=500)
     p.add_argument("--skip-baselines", action="store_true")
     p.add_argument("--skip-transformer", action="store_true")
+    p.add_argument("--dask", type=int, default=0,
+                   help="with --fashion: workers of a LocalCluster that reruns the search")
+    p.add_argument("--dask-only", action="store_true")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
