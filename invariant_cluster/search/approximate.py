@@ -33,9 +33,12 @@ __all__ = ["approximate_shortlist"]
 # checked against every key: about 4.5 c graph entries per query (kq = 4.5 c / copies) keep the
 # recall of the exact descriptor shortlist (Fashion 0.977 with c = 96 and kq = 48, MNIST 0.960
 # with c = 64 and kq = 30, equal to the exact shortlist's 0.961); 3 c entries (kq = 30) lost
-# 0.01-0.02 on Fashion. Index degree and search epsilon are pynndescent's usual values.
+# 0.01-0.02 on Fashion. The search epsilon is pynndescent's usual value. The index degree is 20
+# (pynndescent's usual 30 before): on the 70,000 Fashion-MNIST images (210,000 key copies) the
+# index was built in 8.4 s instead of 14.6 s, and the shortlists of 2,000 queries held 0.8996
+# of the exact descriptor shortlist's 96 keys instead of 0.9004.
 _ENTRIES_PER_CANDIDATE = 4.5
-_INDEX_NEIGHBORS = 30
+_INDEX_NEIGHBORS = 20
 _QUERY_EPSILON = 0.1
 
 
