@@ -54,13 +54,18 @@ def mask_excluded(dist: torch.Tensor, keys: torch.Tensor, exclude) -> torch.Tens
 
 
 def merge_topk(best, dist, index, arg, k):
-    """The ``k`` smallest of a running ``best = (dist, index, arg)`` (or None) and a new block."""
+    """The ``k`` smallest of a running ``best = (dist, index, arg)`` (or None) and a new block.
+
+    ``arg`` is ``(n, c)`` or ``(n, c, ...)`` (e.g. decoded parameters), or None."""
     if best is not None:
         dist = torch.cat([best[0], dist], 1)
         index = torch.cat([best[1], index], 1)
         arg = None if arg is None else torch.cat([best[2], arg], 1)
     top, pos = torch.topk(dist, min(k, dist.shape[1]), dim=1, largest=False, sorted=True)
-    return top, index.gather(1, pos), None if arg is None else arg.gather(1, pos)
+    if arg is not None:
+        arg = arg.gather(1, pos.reshape(*pos.shape, *(1,) * (arg.ndim - 2)).expand(
+            *pos.shape, *arg.shape[2:]))
+    return top, index.gather(1, pos), arg
 
 
 def block_distances(Q: torch.Tensor, xsq: torch.Tensor, Kw: torch.Tensor, E: torch.Tensor):

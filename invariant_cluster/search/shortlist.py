@@ -302,8 +302,4 @@ def _hop_pass(X, grid, found, candidates, hops, exclude, batch_size, client):
     extra = torch.where(new.gather(1, pos), key.gather(1, pos), own[:, None])
     d2, i2, p2 = candidate_search(X, X, extra, grid, k=min(width, dist.shape[1]),
                                   batch_size=batch_size, exclude=exclude, client=client)
-    k = dist.shape[1]
-    d = torch.cat([dist, d2], 1)
-    top, at = torch.topk(d, k, dim=1, largest=False, sorted=True)
-    return (top, torch.cat([index, i2], 1).gather(1, at),
-            torch.cat([params, p2], 1).gather(1, at[..., None].expand(-1, -1, params.shape[-1])))
+    return merge_topk(found, d2, i2, p2, dist.shape[1])
