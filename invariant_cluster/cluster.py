@@ -159,7 +159,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         "auto": exact while ``n_samples x`` (grid size) is at most ``4000 x 36``.
     n_candidates : int, optional
         Shortlist length (None: ``max(4 n_neighbors, 64)``; ``max(6 n_neighbors, 96)`` from
-        10,000 images on, where pynndescent's approximate search finds the shortlist).
+        10,000 images on, where pynndescent's approximate search finds the shortlist, except
+        for the search of the converged means, which keeps ``max(4 n_neighbors, 64)``).
     client : dask.distributed.Client, optional
         Run the alignment searches block by block on a Dask cluster (identical results).
     n_jobs : int, optional
@@ -418,9 +419,13 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
                 # _grouping.UNION_SEARCH_NOTE)
                 # (without the pass over the neighbours' neighbours: it lifts the recall of
                 # the samples' graph, 20-30 s at 70,000 images; the means' graph only adds
-                # edges to the union, see _memory.HOP_NEIGHBORS)
+                # edges to the union, see _memory.HOP_NEIGHBORS; and a shorter shortlist, see
+                # _memory.default_n_candidates)
+                c = self.n_candidates
+                if c is None:
+                    c = _memory.default_n_candidates(k, n, denoised=True)
                 Dm, idx_mt, _ = knn_search(M, M, grid, k, method=self.neighbor_search,
-                                           n_candidates=self.n_candidates,
+                                           n_candidates=c,
                                            batch_size=self.batch_size, exclude=own,
                                            client=self.client, hops=0)
                 idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)

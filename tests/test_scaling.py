@@ -174,3 +174,28 @@ def test_no_progress_by_default(smooth_images, capsys):
     _fit(0, smooth_images)
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out == ""
+
+
+@pytest.mark.parametrize("n_protos, n_copies, size", [(12, 12, 16), (9, 25, 14)])
+def test_union_searches_the_means_with_the_plain_shortlist(smooth_images, monkeypatch,
+                                                           n_protos, n_copies, size):
+    # beyond the approximate threshold (patched low) the samples' search keeps max(6 k, 96)
+    # candidates and the means' search of the union max(4 k, 64): the same shortlists the
+    # knn_search of each receives
+    import invariant_cluster.cluster as cluster_module
+
+    monkeypatch.setattr(_memory, "APPROXIMATE_MIN_KEYS", 100)
+    seen = []
+    real = cluster_module.knn_search
+
+    def spy(Q, K, grid, k, **kwargs):
+        seen.append(kwargs["n_candidates"])
+        return real(Q, K, grid, k, **kwargs)
+
+    monkeypatch.setattr(cluster_module, "knn_search", spy)
+    X = _copies(smooth_images, n_protos, n_copies, size, seed=size).numpy()
+    est = InvariantAttentionClusterer(n_clusters=n_protos, max_rotation=30.0, n_rotations=9,
+                                      max_translation=1, graph="both", random_state=0).fit(X)
+    k = est.n_neighbors
+    assert seen == [None, max(4 * k, 64)]
+    assert est.graph_ == "both"

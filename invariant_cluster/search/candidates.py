@@ -44,7 +44,9 @@ def _key_block(block, X, xsq, shifts, angles, reflection=False):
         Z = win.permute(0, 1, 3, 4, 2, 5, 6).reshape(kb, R * P * P, nf)
         off = torch.as_tensor((pad - shifts[:, 1]) * P + (pad - shifts[:, 0]), device=Kw.device)
         cols = (torch.arange(R, device=Kw.device)[:, None] * (P * P) + off[None]).reshape(-1)
-        E = (Z * Z).sum(2)[:, None, cols]  # ||T_(r, s) y||^2, the energy in the window
+        # ||T_(r, s) y||^2, the energy in the window, summed from the squared canvas (as the
+        # all-pairs search does) rather than from the copied windows (P^2 times the data)
+        E = shift_energies(Kw, shifts, shape).reshape(kb, 1, R * S)
     qi = qidx.clamp(min=0)
     Xg = X.reshape(X.shape[0], nf)[qi]  # (kb, m, F): the queries of every key
     scores = torch.bmm(Xg, Z.transpose(1, 2))  # (kb, m, R * S) or (kb, m, R * P * P)
