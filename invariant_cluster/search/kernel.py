@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from .. import _memory
 from .._dask import blocked_map
 from .._progress import progress_bar
-from ..transforms import fast_warp
+from ..transforms import sample_images, sampling_grid
 from .grid import SearchGrid, check_int
 
 __all__ = ["grid_search", "blocked_grid_search"]
@@ -100,20 +100,27 @@ def warp_keys(Y: torch.Tensor, angles: torch.Tensor, pad: int = 0,
     at most ``pad`` pixels brings it back exactly as one ``warp_se2`` with the composed
     transformation would.
     """
-    if reflection:
-        return torch.cat([warp_keys(Y, angles, pad), warp_keys(Y.flip(-1), angles, pad)], 1)
     if pad:
         Y = F.pad(Y, (pad, pad, pad, pad))
-    n = Y.shape[0]
+    n, c, h, w = Y.shape
     R = angles.shape[0]
-    out = torch.empty((n, R, Y[0].numel()), dtype=Y.dtype, device=Y.device)
-    for r in range(R):  # a loop over the (few) angles, each one batched warp of all keys
-        if float(angles[r]) == 0.0:
-            out[:, r] = Y.reshape(n, -1)
-        else:
-            p = torch.zeros((n, 3), dtype=Y.dtype, device=Y.device)
-            p[:, 0] = angles[r]
-            out[:, r] = fast_warp(Y, p).reshape(n, -1)
+    out = torch.empty((n, 2 * R if reflection else R, c * h * w), dtype=Y.dtype, device=Y.device)
+    if n == 0:
+        return out
+    # ONE sampling grid per angle, applied to all the keys at once as the channels of one image
+    # (the batch is the angles): the bilinear weights are computed once per pixel and angle
+    # instead of once per key, and one grid_sample call replaces one per angle (72 angles
+    # with mirrors, 2,000 keys: 8,946 calls -> 126)
+    p = torch.zeros((R, 3), dtype=Y.dtype, device=Y.device)
+    p[:, 0] = angles.to(Y.dtype)
+    grid = sampling_grid(p, h, w)
+    zero = torch.nonzero(angles == 0).flatten()
+    for half, src in enumerate([Y, Y.flip(-1)] if reflection else [Y]):
+        warped = sample_images(src.reshape(1, n * c, h, w).expand(R, -1, -1, -1), grid)
+        part = out[:, half * R:(half + 1) * R]
+        part.copy_(warped.reshape(R, n, c * h * w).transpose(0, 1))
+        if zero.numel():  # the identity is the key itself, exactly
+            part[:, zero] = src.reshape(n, 1, c * h * w)
     return out
 
 
