@@ -417,17 +417,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
                 # the union's means' graph is searched again among ALL means: the denoised
                 # means find neighbours the noisy samples' graph never offered (see
                 # _grouping.UNION_SEARCH_NOTE)
-                # (without the pass over the neighbours' neighbours: it lifts the recall of
-                # the samples' graph, 20-30 s at 70,000 images; the means' graph only adds
-                # edges to the union, see _memory.HOP_NEIGHBORS; and a shorter shortlist, see
-                # _memory.default_n_candidates)
-                c = self.n_candidates
-                if c is None:
-                    c = _memory.default_n_candidates(k, n, denoised=True)
-                Dm, idx_mt, _ = knn_search(M, M, grid, k, method=self.neighbor_search,
-                                           n_candidates=c,
-                                           batch_size=self.batch_size, exclude=own,
-                                           client=self.client, hops=0)
+                Dm, idx_mt = search_means(M, grid, k, neighbor_search=self.neighbor_search,
+                                          n_candidates=self.n_candidates,
+                                          batch_size=self.batch_size, client=self.client)
                 idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
             if graph == "means":
                 Dg = Dm
@@ -499,6 +491,26 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
         return tags
+
+
+def search_means(M, grid, k, *, neighbor_search="auto", n_candidates=None, batch_size=None,
+                 client=None):
+    """The kNN graph of the converged means ``M`` among all means, as the union of
+    ``graph="both"`` takes it: ``(dist^2, index)``, self left out.
+
+    The estimator's kNN search without the pass over the neighbours' neighbours (it lifts the
+    recall of the noisy samples' graph, 20-30 s at 70,000 images; the means' graph only adds
+    edges to the union, see ``_memory.HOP_NEIGHBORS``) and, with ``n_candidates=None``, the
+    shortlist of denoised keys (``_memory.default_n_candidates(k, n, denoised=True)``).
+    ``benchmarks/bench_noise.py`` runs this same search for its union rows.
+    """
+    n = M.shape[0]
+    if n_candidates is None:
+        n_candidates = _memory.default_n_candidates(k, n, denoised=True)
+    D, idx, _ = knn_search(M, M, grid, k, method=neighbor_search, n_candidates=n_candidates,
+                           batch_size=batch_size, exclude=torch.arange(n, device=M.device),
+                           client=client, hops=0)
+    return D, idx
 
 
 def _finite_dist(D):

@@ -392,7 +392,10 @@ def warp_jacobian(warped: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     wx = xs - cx - params[:, 1, None, None, None]
     wy = ys - cy - params[:, 2, None, None, None]
     d_ang = -(gx * wy - gy * wx) * (math.pi / 180.0)
-    return torch.stack([d_ang.reshape(P, -1), -gx.reshape(P, -1), -gy.reshape(P, -1)], -1)
+    # stacked along dim 1 (one contiguous row per parameter), returned as (P, C H W, 3): the
+    # refinement's normal equations J^T J and J^T r are then dense row products
+    return torch.stack([d_ang.reshape(P, -1), -gx.reshape(P, -1), -gy.reshape(P, -1)],
+                       1).transpose(1, 2)
 
 
 # ----------------------------------------------------------------------------- polar sampling

@@ -49,7 +49,10 @@ def refine_alignments(Xp: torch.Tensor, Yp: torch.Tensor, params: torch.Tensor,
     res = Xf - W.reshape(P, -1)
     loss = (res * res).sum(1)
     mask = free.to(dtype)
-    J = warp_jacobian(W, params) * mask
+    # each pair keeps its normal equations (J^T J, J^T r: 12 numbers), not its Jacobian
+    # (3 values a pixel), so a step gathers and scatters only those for the pairs still moving
+    JtJ, g = _normal_equations(W, params, res, mask)
+    del W, res
     lam = torch.full((P,), 1e-3, dtype=dtype, device=Xp.device)
     fixed = (~free).to(dtype)
     rejected = torch.zeros(P, dtype=torch.long, device=Xp.device)
@@ -58,12 +61,10 @@ def refine_alignments(Xp: torch.Tensor, Yp: torch.Tensor, params: torch.Tensor,
     for _ in range(n_steps):
         if active.numel() == 0:
             break
-        Ja, ra, la = J[active], res[active], lam[active]
-        JtJ = Ja.transpose(1, 2) @ Ja
-        g = (Ja.transpose(1, 2) @ ra[..., None])[..., 0]
-        diag = torch.diagonal(JtJ, dim1=1, dim2=2)
-        A = JtJ + torch.diag_embed(la[:, None] * diag + 1e-9 + fixed)
-        step = torch.linalg.solve(A, g) * mask
+        Ha, la = JtJ[active], lam[active]
+        diag = torch.diagonal(Ha, dim1=1, dim2=2)
+        A = Ha + torch.diag_embed(la[:, None] * diag + 1e-9 + fixed)
+        step = torch.linalg.solve(A, g[active]) * mask
         cand = _clamp_params(params[active] + step, grid)
         Wc = fast_warp(Yp[active], cand)
         rc = Xf[active] - Wc.reshape(active.numel(), -1)
@@ -75,8 +76,7 @@ def refine_alignments(Xp: torch.Tensor, Yp: torch.Tensor, params: torch.Tensor,
             ai = active[bi]
             params[ai] = cand[bi]
             loss[ai] = lc[bi]
-            res[ai] = rc[bi]
-            J[ai] = warp_jacobian(Wc[bi], cand[bi]) * mask
+            JtJ[ai], g[ai] = _normal_equations(Wc[bi], cand[bi], rc[bi], mask)
         lam[active] = torch.where(better, la / 3.0, la * 4.0)
         rejected[active] = torch.where(better, torch.zeros_like(rejected[active]),
                                        rejected[active] + 1)
@@ -98,6 +98,16 @@ def refine_alignments(Xp: torch.Tensor, Yp: torch.Tensor, params: torch.Tensor,
 # 16.4 s of a 39.4 s fit_transform.
 _REFINE_GAIN = 1e-3
 _REFINE_REJECTIONS = 1
+
+
+def _normal_equations(W: torch.Tensor, params: torch.Tensor, res: torch.Tensor,
+                      mask: torch.Tensor):
+    """``(J^T J, J^T r)`` of the warp's Jacobian at ``W = fast_warp(Y, params)``, the fixed
+    parameters' rows and columns zeroed by ``mask``: ``(P, 3, 3)`` and ``(P, 3)``."""
+    Jt = warp_jacobian(W, params).transpose(1, 2)  # (P, 3, F), rows contiguous
+    JtJ = (Jt @ Jt.transpose(1, 2)) * (mask[:, None] * mask[None, :])
+    g = (Jt @ res[..., None])[..., 0] * mask
+    return JtJ, g
 
 
 def _clamp_params(p: torch.Tensor, grid: SearchGrid) -> torch.Tensor:
