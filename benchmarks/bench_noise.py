@@ -86,7 +86,7 @@ def stages(X, seed):
         calibrate_bandwidth,
         iterate_attention,
     )
-    from invariant_cluster.cluster import search_means
+    from invariant_cluster.cluster import _search_means
     from invariant_cluster.search import candidate_search, knn_search, make_search_grid
 
     grid = make_search_grid("se2", refine=False, **SEARCH)
@@ -113,7 +113,7 @@ def stages(X, seed):
         # the means' graph searched again among all means: the estimator's own search of the
         # union (no pass over the neighbours' neighbours, the shortlist of denoised keys)
         t0 = time.perf_counter()
-        Df, idx_f = search_means(M, grid, K)
+        Df, idx_f = _search_means(M, grid, K)
         out["t_means_search"] = time.perf_counter() - t0
     out.update(idx=idx.numpy(), dist=dist.numpy().astype(np.float64), M=M.reshape(n, -1).numpy(),
                avg=avg.numpy(), idx_m=idx_m.numpy(),

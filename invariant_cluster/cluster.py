@@ -417,9 +417,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
                 # the union's means' graph is searched again among ALL means: the denoised
                 # means find neighbours the noisy samples' graph never offered (see
                 # _grouping.UNION_SEARCH_NOTE)
-                Dm, idx_mt = search_means(M, grid, k, neighbor_search=self.neighbor_search,
-                                          n_candidates=self.n_candidates,
-                                          batch_size=self.batch_size, client=self.client)
+                Dm, idx_mt = _search_means(M, grid, k, neighbor_search=self.neighbor_search,
+                                           n_candidates=self.n_candidates,
+                                           batch_size=self.batch_size, client=self.client)
                 idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
             if graph == "means":
                 Dg = Dm
@@ -493,7 +493,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         return tags
 
 
-def search_means(M, grid, k, *, neighbor_search="auto", n_candidates=None, batch_size=None,
+def _search_means(M, grid, k, *, neighbor_search="auto", n_candidates=None, batch_size=None,
                  client=None):
     """The kNN graph of the converged means ``M`` among all means, as the union of
     ``graph="both"`` takes it: ``(dist^2, index)``, self left out.
