@@ -288,6 +288,11 @@ def _search_resolution(run, n_clusters, max_steps):
     return best if best is not None else labels
 
 
+# connected parts of a graph up to which umap-learn's layout starts from its spectral embedding
+# (see embed_fuzzy_graph): its (n_parts x n_parts) float64 matrix is 8 MB here
+SPECTRAL_MAX_PARTS = 1000
+
+
 def embed_fuzzy_graph(graph, random_state, n_components: int = 10) -> np.ndarray:
     """umap-learn's layout (``min_dist=0``) of a given fuzzy graph, e.g. a union of two."""
     umap_ = import_cached("umap").umap_
@@ -295,11 +300,17 @@ def embed_fuzzy_graph(graph, random_state, n_components: int = 10) -> np.ndarray
 
     n = graph.shape[0]
     a, b = find_ab_params(1.0, 0.0)
+    # umap-learn's spectral start lays out every connected component and then the components
+    # from an (n_parts x n_parts) float64 distance matrix: 31 GB for the 64,787 parts of a graph
+    # whose images all come in exact pairs (140,000 stacked Fashion-MNIST copies); beyond
+    # SPECTRAL_MAX_PARTS parts the layout starts at random
+    spectral = n > 3 * n_components and connected_components(
+        graph, directed=False)[0] <= SPECTRAL_MAX_PARTS
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         emb, _ = simplicial_set_embedding(
             np.zeros((n, 1), np.float32), graph.tocoo(copy=True), int(n_components), 1.0, a, b,
-            1.0, 5, None, "spectral" if n > 3 * n_components else "random",
+            1.0, 5, None, "spectral" if spectral else "random",
             np.random.RandomState(random_state), "euclidean", {}, False, {}, False)
     return emb
 

@@ -229,3 +229,34 @@ def test_resolution_search_without_the_exact_count():
     # a count that no resolution reaches (more components than asked): the fewest found
     run, _ = _counting_run(lambda r: 30 + r)
     assert int(_search_resolution(run, 10, max_steps=40).max()) + 1 > 10
+
+
+@pytest.mark.parametrize("n_pairs", [1200, 1700])
+def test_layout_of_a_graph_in_many_parts_starts_at_random(monkeypatch, n_pairs):
+    # every image with an exact copy and nothing else: a graph of n_pairs disjoint pairs, more
+    # parts than SPECTRAL_MAX_PARTS. umap-learn's spectral start would lay out the parts from an
+    # (n_parts x n_parts) matrix (31 GB for 64,787 parts); the layout must not go there, and
+    # k-means on it still gives the asked number of clusters, each pair in one of them
+    import umap.spectral
+    from scipy.sparse import csr_matrix
+
+    from invariant_cluster._grouping import (
+        SPECTRAL_MAX_PARTS,
+        _cluster_embedding,
+        embed_fuzzy_graph,
+    )
+
+    assert n_pairs > SPECTRAL_MAX_PARTS
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the spectral layout of the parts was computed")
+
+    monkeypatch.setattr(umap.spectral, "component_layout", refuse)
+    n = 2 * n_pairs
+    rows = np.arange(n)
+    G = csr_matrix((np.ones(n), (rows, rows ^ 1)), shape=(n, n))
+    emb = embed_fuzzy_graph(G, 0)
+    assert emb.shape == (n, 10) and np.isfinite(emb).all()
+    labels = _cluster_embedding(emb, 7, 0)
+    assert len(np.unique(labels)) == 7
+    assert np.mean(labels[0::2] == labels[1::2]) >= 0.95
