@@ -258,7 +258,8 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         k_search = min(n_avail, pool) if refine else k
         n_cand = self.n_candidates
         if n_cand is None:
-            n_cand = _memory.default_n_candidates(_memory.GRAPH_CANDIDATE_FACTOR * k_search, n_fit)
+            n_cand = _memory.default_n_candidates(_memory.GRAPH_CANDIDATE_FACTOR * k_search, n_fit,
+                                                  margin=False)
         with torch.no_grad():
             D, ind, P = knn_search(Q, K, grid, k_search, method=self.neighbor_search,
                                    n_candidates=n_cand, batch_size=self.batch_size,

@@ -288,10 +288,11 @@ class TestNeighborSearch:
         # from 10,000 keys on the approximate shortlist keeps max(6 k, 96)
         assert default_n_candidates(32, 10_000) == 192
         assert default_n_candidates(4, 70_000) == 96
-        # the converged means keep the plain length at every size
-        assert default_n_candidates(32, 70_000, denoised=True) == 128
-        assert default_n_candidates(4, 70_000, denoised=True) == 64
-        assert default_n_candidates(4, 50, denoised=True) == 50
+        # without the approximate margin (the converged means, the kNN transformer): the plain
+        # length at every size
+        assert default_n_candidates(32, 70_000, margin=False) == 128
+        assert default_n_candidates(4, 70_000, margin=False) == 64
+        assert default_n_candidates(4, 50, margin=False) == 50
 
 
 class TestAlignedWeightedSum:
