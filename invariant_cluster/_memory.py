@@ -100,7 +100,8 @@ def use_approximate_shortlist(n_keys) -> bool:
 #   GRAPH_CANDIDATE_FACTOR). Fashion-MNIST train + test, k = 16, the transformer's grid, recall
 #   of the exact top-15 on 500 queries: 20,000 images 128 candidates 29.6 s, 0.992, against 192
 #   candidates (max(6 x 32, 96)) 51.6 s, 0.997 (96: 24.5 s, 0.988); 70,000 images 128
-#   candidates 0.970, and the whole fit_transform 176 s against 219 s with 192.
+#   candidates 0.970, and the whole fit_transform 176 s in one run, 187 s in bench_scaling's,
+#   against 219 s with 192.
 def default_n_candidates(k, n_keys, *, margin=True) -> int:
     """The shortlist length used when none is given: ``max(4 k, 64)``, at most ``n_keys``;
     ``max(6 k, 96)`` where the approximate search finds the shortlist and ``margin``."""

@@ -30,9 +30,11 @@ def _key_block(block, X, xsq, shifts, angles, reflection=False):
     # (kb, R, canvas): rotated (and with reflection, mirrored) onto a padded canvas
     Kw = warp_keys(Yb, angles, pad=pad, reflection=reflection)
     S, R = len(shifts), Kw.shape[1]
+    # ||T_(r, s) y||^2, the energy in each shift's window, summed from the squared canvas (as
+    # the all-pairs search does), not from the copied windows below (P^2 times the data)
+    E = shift_energies(Kw, shifts, shape).reshape(kb, 1, R * S)
     if pad == 0:
         Z = Kw
-        E = shift_energies(Kw, shifts, shape).reshape(kb, 1, R * S)  # ||T_r y||^2
         cols = None
     else:
         # <P_(m - t) x, Z> = <x, the H x W window of Z at offset m - t>: the shifts are crops of
@@ -44,9 +46,6 @@ def _key_block(block, X, xsq, shifts, angles, reflection=False):
         Z = win.permute(0, 1, 3, 4, 2, 5, 6).reshape(kb, R * P * P, nf)
         off = torch.as_tensor((pad - shifts[:, 1]) * P + (pad - shifts[:, 0]), device=Kw.device)
         cols = (torch.arange(R, device=Kw.device)[:, None] * (P * P) + off[None]).reshape(-1)
-        # ||T_(r, s) y||^2, the energy in the window, summed from the squared canvas (as the
-        # all-pairs search does) rather than from the copied windows (P^2 times the data)
-        E = shift_energies(Kw, shifts, shape).reshape(kb, 1, R * S)
     qi = qidx.clamp(min=0)
     Xg = X.reshape(X.shape[0], nf)[qi]  # (kb, m, F): the queries of every key
     scores = torch.bmm(Xg, Z.transpose(1, 2))  # (kb, m, R * S) or (kb, m, R * P * P)

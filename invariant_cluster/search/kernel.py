@@ -120,14 +120,15 @@ def warp_keys(Y: torch.Tensor, angles: torch.Tensor, pad: int = 0,
     p[:, 0] = angles.to(Y.dtype)
     grid = sampling_grid(p, h, w)
     step = -(-R // _WARP_ANGLE_CHUNKS)
+    zero = torch.nonzero(angles == 0).flatten()
     for half, src in enumerate([Y, Y.flip(-1)] if reflection else [Y]):
         flat = src.reshape(1, n * c, h, w)
         for r0 in range(0, R, step):
             r1 = min(R, r0 + step)
             warped = sample_images(flat.expand(r1 - r0, -1, -1, -1), grid[r0:r1])
             out[:, half * R + r0:half * R + r1] = warped.reshape(r1 - r0, n, -1).transpose(0, 1)
-        zero = torch.nonzero(angles == 0).flatten() + half * R
-        out[:, zero] = src.reshape(n, 1, c * h * w)  # the identity is the key itself, exactly
+        # the identity is the key itself, exactly
+        out[:, zero + half * R] = src.reshape(n, 1, c * h * w)
     return out
 
 
