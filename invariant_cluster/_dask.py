@@ -105,6 +105,7 @@ def blocked_map(fn: Callable, blocks: Iterable, *, shared: Sequence = (), client
         In the order of ``blocks``; identical to the local computation (same function on the
         same inputs).
     """
+    from ._heap import reusing_heap
     from ._progress import progress_bar
 
     blocks = list(blocks)
@@ -118,7 +119,9 @@ def blocked_map(fn: Callable, blocks: Iterable, *, shared: Sequence = (), client
             return out
         # one scatter per shared object; wrapping in a list keeps dask from splitting a sequence
         futures_shared = [client.scatter([s], broadcast=True)[0] for s in shared]
-        futures = [client.submit(fn, b, *futures_shared, pure=False) for b in blocks]
+        # the workers keep freed blocks in their heaps too (see invariant_cluster._heap)
+        task = reusing_heap(fn)
+        futures = [client.submit(task, b, *futures_shared, pure=False) for b in blocks]
         for f in futures:
             f.add_done_callback(lambda _: bar.update())
         try:

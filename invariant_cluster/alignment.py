@@ -29,6 +29,7 @@ import numbers
 import numpy as np
 import torch
 
+from ._heap import reusing_heap
 from ._utils import check_images, resolve_device, to_tensor, torch_dtype_for
 from .search import (  # noqa: F401 - the engine's names, importable from here as before
     GROUPS,
@@ -59,6 +60,7 @@ def to_images(X, *, name, image_shape=None, device, min_samples=1):
     return t.to(device=device, dtype=dtype).reshape(-1, *shape), shape, is_numpy
 
 
+@reusing_heap
 def invariant_distances(X, Y=None, *, group="se2", max_rotation=180.0, n_rotations=36,
                         max_translation=0, refine=True, image_shape=None, device="auto",
                         batch_size=None, return_alignments=False, reflection=False):

@@ -30,6 +30,7 @@ from ._grouping import (
     two_hop_candidates,
     vote,
 )
+from ._heap import reusing_heap
 from ._iteration import (  # noqa: F401 - the iteration's names, importable from here as before
     _relabel_by_size,
     attend_means,
@@ -305,6 +306,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=True)
+    @reusing_heap
     def fit(self, X, y=None):
         """Search, calibrate, iterate invariant attention to its fixed point, group, centre.
 
@@ -459,6 +461,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         """
         return self._distances_to_centers(X)
 
+    @reusing_heap
     def predict(self, X):
         """The cluster most common among the ``n_neighbors`` invariant nearest fitted samples.
 

@@ -33,6 +33,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from . import _memory
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
+from ._heap import reusing_heap
 from ._utils import resolve_device, to_tensor
 from .search import knn_search, refine_pairs
 
@@ -239,6 +240,7 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         return self
 
     # ------------------------------------------------------------------ search
+    @reusing_heap
     def _kneighbors(self, Q2, k, exclude_self):
         """``(dist, ind, tau)`` NumPy arrays of the ``k`` nearest fitted images of each row."""
         dev = resolve_device(self.device)

@@ -226,6 +226,20 @@ class TestCandidateSearch:
         assert torch.allclose(D, D2, rtol=1e-4, atol=1e-4)
         assert torch.equal(I, I2) and torch.equal(P, P2)
 
+    @pytest.mark.parametrize("channels, max_translation", [(2, 0), (3, 2)])
+    def test_mirrors_and_channels_equal_grid_search(self, channels, max_translation):
+        # the window-less path (no shift: the key's angles read as one strided matrix) and the
+        # copied windows, with mirror images as more angles, several channels, uneven blocks
+        g = torch.Generator().manual_seed(6)
+        X = torch.rand(10, channels, 9, 11, generator=g, dtype=torch.float64)
+        grid = make_search_grid("se2", 180.0, 8, max_translation, refine=False, reflection=True)
+        ex = torch.arange(10)
+        D, I, P = grid_search(X, X, grid, k=5, exclude=ex)
+        cand = torch.arange(10).expand(10, 10)
+        D2, I2, P2 = candidate_search(X, X, cand, grid, k=5, exclude=ex, batch_size=3)
+        assert torch.allclose(D, D2, rtol=1e-12, atol=1e-12)
+        assert torch.equal(I, I2) and torch.equal(P, P2)
+
     def test_restricted_candidates(self):
         g = torch.Generator().manual_seed(5)
         X = torch.rand(8, 1, 8, 8, generator=g, dtype=torch.float64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import _memory
+from .._heap import reusing_heap
 from .grid import SearchGrid
 from .kernel import blocked_grid_search, grid_search
 from .shortlist import neighbor_search
@@ -10,6 +11,7 @@ from .shortlist import neighbor_search
 __all__ = ["knn_search"]
 
 
+@reusing_heap
 def knn_search(Q, K, grid: SearchGrid, k, *, method="auto", n_candidates=None,
                batch_size=None, exclude=None, client=None, hops=None):
     """The ``k`` nearest keys of every query on the grid: ``(dist^2, index, params)``.

@@ -91,6 +91,38 @@ def shift_margin(shifts: np.ndarray) -> int:
 _WARP_ANGLE_CHUNKS = 4
 
 
+def _warped_rows(Y: torch.Tensor, angles: torch.Tensor, pad: int, reflection: bool):
+    """The warps of :func:`warp_keys`, a few angles at a time: yields ``(row0, warped)`` with
+    ``warped`` ``(r, n, C (H + 2 pad) (W + 2 pad))``, the rows ``row0 .. row0 + r`` of the
+    ``(R [x 2], n, canvas)`` layout (angle-major), the identity angle copied exactly.
+
+    ONE sampling grid per angle is applied to all the keys at once as the channels of one image
+    (the batch is the angles): the bilinear weights are computed once per pixel and angle
+    instead of once per key, and one grid_sample call per quarter of the angles replaces one
+    per angle (72 angles with mirrors, 2,000 keys: 8,946 calls -> about 500); a quarter keeps
+    the sampled copy at a quarter of the output.
+    """
+    if pad:
+        Y = F.pad(Y, (pad, pad, pad, pad))
+    n, c, h, w = Y.shape
+    R = angles.shape[0]
+    p = torch.zeros((R, 3), dtype=Y.dtype, device=Y.device)
+    p[:, 0] = angles.to(Y.dtype)
+    grid = sampling_grid(p, h, w)
+    step = -(-R // _WARP_ANGLE_CHUNKS)
+    zero = torch.nonzero(angles == 0).flatten().tolist()
+    for half, src in enumerate([Y, Y.flip(-1)] if reflection else [Y]):
+        flat = src.reshape(1, n * c, h, w)
+        for r0 in range(0, R, step):
+            r1 = min(R, r0 + step)
+            warped = sample_images(flat.expand(r1 - r0, -1, -1, -1), grid[r0:r1])
+            warped = warped.reshape(r1 - r0, n, c * h * w)
+            for z in zero:  # the identity is the key itself, exactly
+                if r0 <= z < r1:
+                    warped[z - r0] = src.reshape(n, c * h * w)
+            yield half * R + r0, warped
+
+
 def warp_keys(Y: torch.Tensor, angles: torch.Tensor, pad: int = 0,
               reflection: bool = False) -> torch.Tensor:
     """Every image rotated by every angle onto a canvas with a margin of ``pad`` pixels.
@@ -102,33 +134,34 @@ def warp_keys(Y: torch.Tensor, angles: torch.Tensor, pad: int = 0,
     The rotation is about the image's own centre (the canvas is padded symmetrically), and what
     a rotation moves outside ``H x W`` but inside the margin is kept, so that a later shift by
     at most ``pad`` pixels brings it back exactly as one ``warp_se2`` with the composed
-    transformation would.
+    transformation would. :func:`warp_canvas` is the same warps laid out by angle.
     """
-    if pad:
-        Y = F.pad(Y, (pad, pad, pad, pad))
     n, c, h, w = Y.shape
-    R = angles.shape[0]
-    out = torch.empty((n, 2 * R if reflection else R, c * h * w), dtype=Y.dtype, device=Y.device)
+    canvas = c * (h + 2 * pad) * (w + 2 * pad)
+    R = angles.shape[0] * (2 if reflection else 1)
+    out = torch.empty((n, R, canvas), dtype=Y.dtype, device=Y.device)
     if n == 0:
         return out
-    # ONE sampling grid per angle, applied to all the keys at once as the channels of one image
-    # (the batch is the angles): the bilinear weights are computed once per pixel and angle
-    # instead of once per key, and one grid_sample call per quarter of the angles replaces one
-    # per angle (72 angles with mirrors, 2,000 keys: 8,946 calls -> about 500); a quarter
-    # keeps the sampled copy, before it is laid out by key, at a quarter of ``out``
-    p = torch.zeros((R, 3), dtype=Y.dtype, device=Y.device)
-    p[:, 0] = angles.to(Y.dtype)
-    grid = sampling_grid(p, h, w)
-    step = -(-R // _WARP_ANGLE_CHUNKS)
-    zero = torch.nonzero(angles == 0).flatten()
-    for half, src in enumerate([Y, Y.flip(-1)] if reflection else [Y]):
-        flat = src.reshape(1, n * c, h, w)
-        for r0 in range(0, R, step):
-            r1 = min(R, r0 + step)
-            warped = sample_images(flat.expand(r1 - r0, -1, -1, -1), grid[r0:r1])
-            out[:, half * R + r0:half * R + r1] = warped.reshape(r1 - r0, n, -1).transpose(0, 1)
-        # the identity is the key itself, exactly
-        out[:, zero + half * R] = src.reshape(n, 1, c * h * w)
+    for row0, warped in _warped_rows(Y, angles, pad, reflection):
+        out[:, row0:row0 + warped.shape[0]] = warped.transpose(0, 1)
+    return out
+
+
+def warp_canvas(Y: torch.Tensor, angles: torch.Tensor, pad: int = 0,
+                reflection: bool = False) -> torch.Tensor:
+    """The warps of :func:`warp_keys` laid out by ANGLE: ``(R [x 2], n canvas)``, row ``r``
+    holding the ``n`` canvases of angle ``r`` one after the other.
+
+    This is the layout ``grid_sample`` produces (no transposed copy). The matrix of one key over
+    all angles is then a strided view (leading dimension ``n canvas``) that a batched matrix
+    product reads without a copy (see ``candidates._key_block``).
+    """
+    n, c, h, w = Y.shape
+    canvas = c * (h + 2 * pad) * (w + 2 * pad)
+    R = angles.shape[0] * (2 if reflection else 1)
+    out = torch.empty((R, n * canvas), dtype=Y.dtype, device=Y.device)
+    for row0, warped in _warped_rows(Y, angles, pad, reflection):
+        out[row0:row0 + warped.shape[0]] = warped.reshape(warped.shape[0], -1)
     return out
 
 
