@@ -35,7 +35,8 @@ def _key_block(block, X, xsq, shifts, angles, reflection=False):
     by_key = Kw.view(R, kb, canvas).transpose(0, 1)  # (kb, R, canvas), a view
     # ||T_(r, s) y||^2, the energy in each shift's window, summed from the squared canvas (as
     # the all-pairs search does), not from the copied windows below (P^2 times the data)
-    E = shift_energies(by_key, shifts, (c, h, w)).reshape(kb, 1, R * S)
+    E = shift_energies(Kw.view(R, kb, canvas), shifts, (c, h, w)).transpose(0, 1).reshape(
+        kb, 1, R * S)
     # the queries of every key (kb, m, F); index_select, not ``X[qi]``: a third of the time
     qi = qidx.clamp(min=0).reshape(-1)
     Xg = torch.index_select(X.reshape(X.shape[0], nf), 0, qi).view(kb, m, nf)

@@ -91,36 +91,89 @@ def shift_margin(shifts: np.ndarray) -> int:
 _WARP_ANGLE_CHUNKS = 4
 
 
-def _warped_rows(Y: torch.Tensor, angles: torch.Tensor, pad: int, reflection: bool):
-    """The warps of :func:`warp_keys`, a few angles at a time: yields ``(row0, warped)`` with
-    ``warped`` ``(r, n, C (H + 2 pad) (W + 2 pad))``, the rows ``row0 .. row0 + r`` of the
-    ``(R [x 2], n, canvas)`` layout (angle-major), the identity angle copied exactly.
+def _warp_plan(angles, square: bool, reflection: bool):
+    """Which warps are sampled and which are exact pixel permutations of others.
 
-    ONE sampling grid per angle is applied to all the keys at once as the channels of one image
-    (the batch is the angles): the bilinear weights are computed once per pixel and angle
-    instead of once per key, and one grid_sample call per quarter of the angles replaces one
-    per angle (72 angles with mirrors, 2,000 keys: 8,946 calls -> about 500); a quarter keeps
-    the sampled copy at a quarter of the output.
+    Returns ``(sampled, derived)``: ``sampled`` the rows (of the ``R [x 2]`` angle-major
+    layout) that ``grid_sample`` computes, ``derived`` a list of ``(row, source_row, k,
+    flip)``, to be filled IN ORDER with the source's warp turned by ``k`` quarter turns
+    (``torch.rot90(., k, (-2, -1))``) or mirrored (``flip(-1)``).
+
+    Why they are exact: a quarter turn about the centre of a square canvas maps pixel centres
+    onto pixel centres, so the bilinear warp by ``a + 90 k`` degrees samples the same source
+    points as the warp by ``a``, permuted; and a mirror image rotated by ``a`` is the image
+    rotated by ``-a``, mirrored (``R_a M = M R_-a``). 72 angles over the full circle with
+    mirrors: 18 of 144 warps sampled. The identity (angle 0) is sampled first, as the key
+    itself (exact), so its quarter turns are exact too.
+    """
+    deg = [float(a) for a in angles]
+    R = len(deg)
+    order = sorted(range(R), key=lambda i: deg[i] != 0.0)  # the identity first
+    source = {}
+    bases = []
+    for i in order:
+        for j in bases if square else ():
+            k = ((deg[i] - deg[j]) % 360.0) / 90.0
+            if abs(k - round(k)) < 1e-9 and round(k) % 4:
+                source[i] = (j, int(round(k)) % 4)
+                break
+        else:
+            bases.append(i)
+    sampled = sorted(bases)
+    derived = [(i, j, k, False) for i, (j, k) in sorted(source.items())]
+    if reflection:
+        where = {round(a % 360.0, 9): i for i, a in enumerate(deg)}
+        for i, a in enumerate(deg):
+            j = where.get(round((-a) % 360.0, 9))
+            if j is None:
+                sampled.append(R + i)  # sampled from the mirrored keys
+            else:
+                derived.append((R + i, j, 0, True))
+    return sampled, derived
+
+
+def _fill_warps(Y: torch.Tensor, angles: torch.Tensor, pad: int, reflection: bool, put, get):
+    """Compute every warp of :func:`warp_keys` and hand them over row by row.
+
+    ``put(rows, warped)`` receives ``warped`` ``(len(rows), n, C (H + 2 pad) (W + 2 pad))``
+    for the rows ``rows`` of the angle-major layout (mirrors after the ``R`` angles);
+    ``get(row)`` returns a row already put, ``(n, canvas)``. Rows are sampled (``grid_sample``,
+    ONE sampling grid per angle applied to all the keys at once as the channels of one image,
+    at most a quarter of the angles per call) or derived exactly from sampled ones
+    (:func:`_warp_plan`); the identity is the key itself.
     """
     if pad:
         Y = F.pad(Y, (pad, pad, pad, pad))
     n, c, h, w = Y.shape
     R = angles.shape[0]
+    sampled, derived = _warp_plan(angles.tolist(), h == w, reflection)
+    step = -(-R // _WARP_ANGLE_CHUNKS)
     p = torch.zeros((R, 3), dtype=Y.dtype, device=Y.device)
     p[:, 0] = angles.to(Y.dtype)
     grid = sampling_grid(p, h, w)
-    step = -(-R // _WARP_ANGLE_CHUNKS)
-    zero = torch.nonzero(angles == 0).flatten().tolist()
     for half, src in enumerate([Y, Y.flip(-1)] if reflection else [Y]):
+        rows = [r - half * R for r in sampled if half * R <= r < (half + 1) * R]
         flat = src.reshape(1, n * c, h, w)
-        for r0 in range(0, R, step):
-            r1 = min(R, r0 + step)
-            warped = sample_images(flat.expand(r1 - r0, -1, -1, -1), grid[r0:r1])
-            warped = warped.reshape(r1 - r0, n, c * h * w)
-            for z in zero:  # the identity is the key itself, exactly
-                if r0 <= z < r1:
-                    warped[z - r0] = src.reshape(n, c * h * w)
-            yield half * R + r0, warped
+        for i0 in range(0, len(rows), step):
+            chunk = rows[i0:i0 + step]
+            idx = torch.as_tensor(chunk, device=Y.device)
+            warped = sample_images(flat.expand(len(chunk), -1, -1, -1), grid[idx])
+            warped = warped.reshape(len(chunk), n, c * h * w)
+            for t, r in enumerate(chunk):
+                if float(angles[r]) == 0.0:  # the identity is the key itself, exactly
+                    warped[t] = src.reshape(n, c * h * w)
+            put([half * R + r for r in chunk], warped)
+    for row, src_row, k, flip in derived:
+        z = get(src_row).reshape(n, c, h, w)
+        z = z.flip(-1) if flip else torch.rot90(z, k, (-2, -1))
+        put([row], z.reshape(1, n, c * h * w))
+
+
+def _rows(rows):
+    """A list of rows as a slice when consecutive (a plain copy), else as an index."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return slice(rows[0], rows[0] + len(rows))
+    return rows
 
 
 def warp_keys(Y: torch.Tensor, angles: torch.Tensor, pad: int = 0,
@@ -134,16 +187,18 @@ def warp_keys(Y: torch.Tensor, angles: torch.Tensor, pad: int = 0,
     The rotation is about the image's own centre (the canvas is padded symmetrically), and what
     a rotation moves outside ``H x W`` but inside the margin is kept, so that a later shift by
     at most ``pad`` pixels brings it back exactly as one ``warp_se2`` with the composed
-    transformation would. :func:`warp_canvas` is the same warps laid out by angle.
+    transformation would. Quarter turns of other angles and mirrors are exact pixel
+    permutations of sampled warps (see :func:`_warp_plan`). :func:`warp_canvas` is the same
+    warps laid out by angle.
     """
     n, c, h, w = Y.shape
     canvas = c * (h + 2 * pad) * (w + 2 * pad)
     R = angles.shape[0] * (2 if reflection else 1)
     out = torch.empty((n, R, canvas), dtype=Y.dtype, device=Y.device)
-    if n == 0:
-        return out
-    for row0, warped in _warped_rows(Y, angles, pad, reflection):
-        out[:, row0:row0 + warped.shape[0]] = warped.transpose(0, 1)
+    if n:
+        def put(rows, warped):
+            out[:, _rows(rows)] = warped.transpose(0, 1)
+        _fill_warps(Y, angles, pad, reflection, put, lambda r: out[:, r])
     return out
 
 
@@ -160,8 +215,10 @@ def warp_canvas(Y: torch.Tensor, angles: torch.Tensor, pad: int = 0,
     canvas = c * (h + 2 * pad) * (w + 2 * pad)
     R = angles.shape[0] * (2 if reflection else 1)
     out = torch.empty((R, n * canvas), dtype=Y.dtype, device=Y.device)
-    for row0, warped in _warped_rows(Y, angles, pad, reflection):
-        out[row0:row0 + warped.shape[0]] = warped.reshape(warped.shape[0], -1)
+    if n:
+        def put(rows, warped):
+            out[_rows(rows)] = warped.reshape(len(rows), -1)
+        _fill_warps(Y, angles, pad, reflection, put, lambda r: out[r].view(n, canvas))
     return out
 
 
@@ -184,12 +241,34 @@ def shift_images(X: torch.Tensor, shifts: np.ndarray) -> torch.Tensor:
     return out.reshape(b, len(shifts), -1)
 
 
+# rows per chunk of sum_squares: a squared chunk of about 1 MB stays in the cache
+_SQUARES_CHUNK_ELEMENTS = 1 << 18
+
+
+def sum_squares(Z: torch.Tensor) -> torch.Tensor:
+    """``(Z * Z).sum(-1)``, bit for bit, a cache-sized chunk of rows at a time: the squared
+    copy of a whole block of warps (hundreds of MB) was most of the cost (144 angles x 40
+    keys of 63 x 63: 7 ms against 60 ms, measured). ``torch.linalg.vector_norm`` squared is
+    faster still but not exact: the square root's round-off leaves a copy at a distance
+    above 0."""
+    f = Z.shape[-1]
+    rows = Z.reshape(-1, f)
+    out = Z.new_empty(rows.shape[0])
+    step = max(1, _SQUARES_CHUNK_ELEMENTS // max(1, f))
+    for i in range(0, rows.shape[0], step):
+        x = rows[i:i + step]
+        torch.sum(x * x, -1, out=out[i:i + step])
+    return out.reshape(Z.shape[:-1])
+
+
 def shift_energies(Kw: torch.Tensor, shifts: np.ndarray, shape) -> torch.Tensor:
     """``||T y||^2`` per grid point: the energy of the canvas ``Z`` in the ``H x W`` window at
     offset ``m - t`` (what the shift brings into the frame). ``Kw`` from :func:`warp_keys` with
     ``pad = m``; ``shape`` is the original ``(C, H, W)``; returns ``(n, R, S)``."""
     c, h, w = shape
     m = shift_margin(shifts)
+    if m == 0:  # one window, the whole image
+        return sum_squares(Kw)[..., None]
     sq = (Kw * Kw).reshape(*Kw.shape[:2], c, h + 2 * m, w + 2 * m).sum(2)  # (n, R, Hp, Wp)
     out = [sq[:, :, m - ty:m - ty + h, m - tx:m - tx + w].sum((-1, -2)) for tx, ty in shifts]
     return torch.stack(out, -1)
