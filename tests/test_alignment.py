@@ -445,3 +445,43 @@ class TestErrors:
     def test_x_y_mismatch(self, Y_shape):
         with pytest.raises(ValueError, match="Y"):
             invariant_distances(self.X, np.zeros(Y_shape))
+
+
+class TestWarpKeys:
+    """The keys' warps of the search (``warp_keys``/``warp_canvas``): quarter turns and mirrors
+    are copied from sampled warps (``_warp_plan``); every one must still be ``warp_se2``."""
+
+    @pytest.mark.parametrize("shape, reflection, pad", [((2, 9, 9), False, 0),
+                                                         ((1, 10, 10), True, 0),
+                                                         ((1, 9, 9), True, 2),
+                                                         ((3, 7, 11), True, 1)])
+    def test_every_warp_is_warp_se2(self, shape, reflection, pad):
+        from invariant_cluster.search.kernel import _warp_plan, warp_canvas, warp_keys
+        from invariant_cluster.transforms import warp_se2
+
+        g = torch.Generator().manual_seed(7)
+        Y = torch.rand(4, *shape, generator=g, dtype=torch.float64)
+        angles = torch.arange(-180.0, 180.0, 15.0, dtype=torch.float64)  # 24, quarter turns
+        R = len(angles)
+        Kw = warp_keys(Y, angles, pad=pad, reflection=reflection)
+        c, h, w = shape
+        Yp = torch.nn.functional.pad(Y, (pad, pad, pad, pad))
+        mirrors = [0.0, 1.0] if reflection else [0.0]
+        ref = torch.stack([warp_se2(Yp, torch.tensor([float(a), 0.0, 0.0, m],
+                                                     dtype=torch.float64).expand(4, 4))
+                           for m in mirrors for a in angles], 1)
+        assert torch.allclose(Kw, ref.reshape(Kw.shape), rtol=0, atol=1e-12)
+        # the identity is the key itself, exactly, and so are its exact quarter turns
+        zero = int(torch.nonzero(angles == 0))
+        assert torch.equal(Kw[:, zero], Yp.reshape(4, -1))
+        if h == w:
+            half = int(torch.nonzero(angles == 90.0))
+            assert torch.equal(Kw[:, half], torch.rot90(Yp, 1, (2, 3)).reshape(4, -1))
+        # only the warps that are not permutations of others are sampled
+        sampled, derived = _warp_plan(angles.tolist(), h + 2 * pad == w + 2 * pad, reflection)
+        assert len(sampled) + len(derived) == R * len(mirrors)
+        assert len(sampled) == (R // 4 if h == w else R)
+        # the angle-major layout holds the same warps
+        canvas = Kw.shape[-1]
+        Kc = warp_canvas(Y, angles, pad=pad, reflection=reflection)
+        assert torch.equal(Kc.view(-1, 4, canvas).transpose(0, 1), Kw)
