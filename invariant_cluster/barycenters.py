@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from ._heap import reusing_heap
 from ._progress import progress_bar
 from ._utils import check_real_dtype, resolve_device
 from .alignment import to_images
@@ -166,6 +167,7 @@ def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
     return torch.stack(centers), params
 
 
+@reusing_heap
 def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=180.0,
                    n_rotations=36, max_translation=0, refine=True, reflection=False,
                    neighbor_search="auto", image_shape=None, device="auto", batch_size=None):

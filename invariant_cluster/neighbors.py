@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from ._dask import blocked_map
+from ._heap import reusing_heap
 from ._memory import (  # noqa: F401 - re-exported: the memory policy is public here too
     InsufficientMemoryError,
     block_elements,
@@ -81,6 +82,7 @@ def _weighted_block(block, keys):
     return torch.bmm(W[:, None, :].to(warped.dtype), warped)[:, 0].reshape(b, *keys.shape[1:])
 
 
+@reusing_heap
 def aligned_weighted_sum(keys: torch.Tensor, idx: torch.Tensor, params: torch.Tensor,
                          W: torch.Tensor, *, batch_size=None, client=None) -> torch.Tensor:
     """One attention step: ``out[i] = sum_j W[i, j] T_(params[i, j]) keys[idx[i, j]]``.

@@ -22,6 +22,7 @@ import warnings
 import numpy as np
 import torch
 
+from .._heap import release, suspended
 from .._progress import progress_bar
 from .._third_party import import_cached
 
@@ -111,7 +112,8 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
     pynndescent = import_cached("pynndescent")
     keys = np.ascontiguousarray(Yd.reshape(n_index, d).detach().cpu().numpy(), np.float32)
     queries = np.ascontiguousarray(Xd.reshape(n_x * U, d).detach().cpu().numpy(), np.float32)
-    with warnings.catch_warnings(), progress_bar(2, "approximate shortlist", "step") as bar:
+    with warnings.catch_warnings(), progress_bar(2, "approximate shortlist", "step") as bar, \
+            suspended():  # numba's own allocations: glibc's usual thresholds (see _heap)
         # numba's notes on what it could not cache or parallelise are not the user's business
         warnings.simplefilter("ignore")
         bar.set_postfix_str(f"indexing {n_index} key copies")
@@ -136,6 +138,7 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
             short = short[still]
         bar.update()
     del index
+    release()
     if short.numel():  # the graph search came back with too few distinct keys: search exactly
         ex = None if exclude is None else exclude.to(device)[short.to(device)]
         out[short] = shortlist(Xd[short.to(device)], Yd, m, exclude=ex,

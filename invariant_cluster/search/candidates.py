@@ -8,6 +8,7 @@ import torch
 
 from .. import _memory
 from .._dask import blocked_map
+from .._heap import release
 from .grid import SearchGrid, check_int
 from .kernel import grid_min, mask_excluded, merge_topk, shift_energies, shift_margin, warp_canvas
 
@@ -138,6 +139,7 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
         raise ValueError(f"candidates: expected shape ({n_x}, c), got {tuple(candidates.shape)}")
     k = check_int(k, "k", 1, allow_none=True)
     batch_size = check_int(batch_size, "batch_size", 1, allow_none=True)
+    release()  # what the previous stage left free in the heap (see _heap.release)
     device, dtype = X.device, X.dtype
     Y = Y.to(device=device, dtype=dtype)
     candidates = candidates.to(device=device, dtype=torch.long)

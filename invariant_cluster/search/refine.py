@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import _memory
+from .._heap import release
 from .._progress import progress_bar
 from ..transforms import fast_warp, warp_jacobian, wrap_degrees
 from .grid import SearchGrid
@@ -123,6 +124,7 @@ def _clamp_params(p: torch.Tensor, grid: SearchGrid) -> torch.Tensor:
 def refine_pairs(X: torch.Tensor, Y: torch.Tensor, qi: torch.Tensor, kj: torch.Tensor,
                  params: torch.Tensor, grid: SearchGrid, *, max_pairs=None):
     """Refine the pairs ``(X[qi], Y[kj])`` in memory-bounded batches; flat ``(P,)`` inputs."""
+    release()  # what the search left free in the heap (see _heap.release)
     P = qi.shape[0]
     nf = X[0].numel()
     if max_pairs is None:
