@@ -80,3 +80,34 @@ def test_a_search_runs_inside_it(fake):
                                  exclude=torch.arange(12))
     assert torch.equal(I, I2) and torch.allclose(D, D2, rtol=1e-12, atol=1e-12)
     assert [c[0] for c in fake.calls] == ["mallopt"] * 4 + ["malloc_trim"]
+
+
+def test_release_and_suspended_only_inside(fake):
+    _heap.release()
+    with _heap.suspended():
+        pass
+    assert fake.calls == []  # outside a search: the user's heap is left alone
+    with _heap.heap_reuse():
+        n = len(fake.calls)
+        _heap.release()
+        assert fake.calls[n:] == [("malloc_trim", 0)]
+        n = len(fake.calls)
+        with _heap.suspended():
+            assert fake.calls[n:] == [("mallopt", _heap._M_MMAP_THRESHOLD, 32 << 20),
+                                      ("mallopt", _heap._M_TRIM_THRESHOLD, 64 << 20),
+                                      ("malloc_trim", 0)]
+        assert fake.calls[-2:] == [("mallopt", _heap._M_TRIM_THRESHOLD, _heap._REUSE_BYTES),
+                                   ("mallopt", _heap._M_MMAP_THRESHOLD, _heap._REUSE_BYTES)]
+    assert _heap._depth == 0
+
+
+def test_the_real_glibc_calls_succeed():
+    # on this machine (Linux, glibc) the calls go through and leave the heap as they found it
+    libc = _heap._glibc()
+    if libc is None:
+        pytest.skip("not glibc, or malloc tuned in the environment")
+    with _heap.heap_reuse():
+        x = torch.ones(1 << 22)
+        del x
+        _heap.release()
+    assert _heap._depth == 0
