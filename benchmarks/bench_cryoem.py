@@ -194,7 +194,7 @@ def one_step_average(X, ind, tau, k):
     from invariant_cluster.neighbors import aligned_weighted_sum
 
     n = X.shape[0]
-    Xt = torch.as_tensor(X).reshape(n, 1, *X.shape[1:])
+    Xt = torch.as_tensor(X).reshape(n, -1, *X.shape[-2:])  # (n, C, H, W)
     idx = torch.cat([torch.arange(n)[:, None], torch.as_tensor(ind[:, :k], dtype=torch.long)], 1)
     tau = torch.as_tensor(tau[:, :k], dtype=Xt.dtype)
     params = torch.cat([torch.zeros_like(tau[:, :1]), tau], 1)
