@@ -86,13 +86,14 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
     """The exact grid search of :func:`~invariant_cluster.alignment.grid_search`, restricted to
     each query's candidate keys.
 
-    The work is organised by KEY: every key is warped once per grid angle (``warp_keys``, block
-    by block), shifted by every integer shift, and compared with all the queries that list it
-    in ONE batched product ``(kb, m, F) @ (kb, F, R S)`` (``m`` the queries per key, padded
-    within a block of keys of similar in-degree). Energies ``||S_t T_r y||^2`` come from
-    ``shift_energies`` and the distance is ``||x||^2 + ||S_t T_r y||^2 - 2 <x, S_t T_r y>``,
-    as in ``grid_search`` (the same kernel, :func:`~invariant_cluster.search.kernel.grid_min`).
-    Memory is bounded by the key blocks.
+    The work is organised by KEY: every key is warped once per grid angle (``warp_canvas``,
+    block by block; quarter turns and mirrors copied from sampled warps), shifted by every
+    integer shift, and compared with all the queries that list it in ONE batched product
+    ``(kb, m, F) @ (kb, F, R S)`` (``m`` the queries per key, padded within a block of keys of
+    similar in-degree; without shifts the keys' side is a strided view of the warps, no copy).
+    Energies ``||S_t T_r y||^2`` come from ``shift_energies`` and the distance is
+    ``||x||^2 + ||S_t T_r y||^2 - 2 <x, S_t T_r y>``, as in ``grid_search`` (the same kernel,
+    :func:`~invariant_cluster.search.kernel.grid_min`). Memory is bounded by the key blocks.
 
     Parameters
     ----------

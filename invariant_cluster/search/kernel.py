@@ -87,7 +87,8 @@ def shift_margin(shifts: np.ndarray) -> int:
     return int(np.abs(shifts).max()) if len(shifts) else 0
 
 
-# grid_sample calls per warp_keys (each a quarter of the angles, see there)
+# grid_sample calls per call of warp_keys/warp_canvas: each samples at most a quarter of the
+# angles (see _fill_warps)
 _WARP_ANGLE_CHUNKS = 4
 
 
