@@ -134,7 +134,8 @@ def refine_pairs(X: torch.Tensor, Y: torch.Tensor, qi: torch.Tensor, kj: torch.T
     with progress_bar(P, "refinement", "pair") as bar:
         for p0 in range(0, P, max_pairs):
             sl = slice(p0, p0 + max_pairs)
-            d, p = refine_alignments(X[qi[sl]], Y[kj[sl]], params[sl], grid)
+            d, p = refine_alignments(torch.index_select(X, 0, qi[sl]),
+                                     torch.index_select(Y, 0, kj[sl]), params[sl], grid)
             dist[sl], out[sl] = d, p
             bar.update(d.shape[0])
     return dist, out
