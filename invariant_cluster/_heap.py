@@ -81,6 +81,19 @@ def _enabled() -> bool:
     return os.environ.get("INVARIANT_CLUSTER_HEAP_REUSE", "1") != "0" and _glibc() is not None
 
 
+def _reuse(libc):
+    """The thresholds of a search: freed blocks stay in the heap."""
+    libc.mallopt(_M_TRIM_THRESHOLD, _REUSE_BYTES)
+    libc.mallopt(_M_MMAP_THRESHOLD, _REUSE_BYTES)
+
+
+def _settle(libc):
+    """glibc's thresholds as its dynamic adjustment settles them, and the free pages returned."""
+    libc.mallopt(_M_MMAP_THRESHOLD, _SETTLED_MMAP_BYTES)
+    libc.mallopt(_M_TRIM_THRESHOLD, _SETTLED_TRIM_BYTES)
+    libc.malloc_trim(0)
+
+
 @contextlib.contextmanager
 def heap_reuse():
     """Context manager: freed blocks stay in the heap while it is open (see the module)."""
@@ -92,17 +105,14 @@ def heap_reuse():
     with _lock:
         _depth += 1
         if _depth == 1:
-            libc.mallopt(_M_TRIM_THRESHOLD, _REUSE_BYTES)
-            libc.mallopt(_M_MMAP_THRESHOLD, _REUSE_BYTES)
+            _reuse(libc)
     try:
         yield
     finally:
         with _lock:
             _depth -= 1
             if _depth == 0:
-                libc.mallopt(_M_MMAP_THRESHOLD, _SETTLED_MMAP_BYTES)
-                libc.mallopt(_M_TRIM_THRESHOLD, _SETTLED_TRIM_BYTES)
-                libc.malloc_trim(0)
+                _settle(libc)
 
 
 def reusing_heap(fn):
@@ -134,13 +144,10 @@ def suspended():
         yield
         return
     with _lock:
-        libc.mallopt(_M_MMAP_THRESHOLD, _SETTLED_MMAP_BYTES)
-        libc.mallopt(_M_TRIM_THRESHOLD, _SETTLED_TRIM_BYTES)
-        libc.malloc_trim(0)
+        _settle(libc)
     try:
         yield
     finally:
         with _lock:
             if _depth > 0:
-                libc.mallopt(_M_TRIM_THRESHOLD, _REUSE_BYTES)
-                libc.mallopt(_M_MMAP_THRESHOLD, _REUSE_BYTES)
+                _reuse(libc)

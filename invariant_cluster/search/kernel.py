@@ -265,7 +265,8 @@ def sum_squares(Z: torch.Tensor) -> torch.Tensor:
 def shift_energies(Kw: torch.Tensor, shifts: np.ndarray, shape) -> torch.Tensor:
     """``||T y||^2`` per grid point: the energy of the canvas ``Z`` in the ``H x W`` window at
     offset ``m - t`` (what the shift brings into the frame). ``Kw`` from :func:`warp_keys` with
-    ``pad = m``; ``shape`` is the original ``(C, H, W)``; returns ``(n, R, S)``."""
+    ``pad = m`` (or the same warps angle-major, ``(R, n, canvas)``: the two leading dimensions
+    are kept as given); ``shape`` is the original ``(C, H, W)``; returns ``(n, R, S)``."""
     c, h, w = shape
     m = shift_margin(shifts)
     if m == 0:  # one window, the whole image
