@@ -15,11 +15,13 @@ This benchmark runs both on the same images, and ours:
 - ``means``: ``InvariantAttentionClusterer(n_rotations=72, max_translation=...)`` fitted on the
   images, its ``invariant_means_`` (each image's converged mean, in its own pose).
 
-``--methods`` picks among ``knn``, ``knn-mirror``, ``knn-mirror-blur``, ``means``,
-``means-mirror`` and ``means-mirror-search``: ``-mirror`` is ``reflection=True`` (the search also
-covers mirror images, as ASPIRE's does); ``-blur`` searches on Gaussian-blurred copies
-(``--blur`` px), a low-pass like the steerable-PCA truncation before ASPIRE's bispectrum, and
-averages the noisy images with the alignments found there; ``-search`` runs the kNN search
+``--methods`` picks among ``knn``, ``knn-mirror``, ``knn-mirror-blur``, ``knn-mirror-pca``,
+``means``, ``means-mirror`` and ``means-mirror-search``: ``-mirror`` is ``reflection=True`` (the
+search also covers mirror images, as ASPIRE's does); ``-blur`` searches on Gaussian-blurred
+copies (``--blur`` px), a low-pass like the steerable-PCA truncation before ASPIRE's bispectrum,
+and averages the noisy images with the alignments found there; ``-pca`` does the same on
+:class:`~invariant_cluster.denoise.DihedralPCA` (``--pca-components``, ``--pca-size``), what
+``class_averages(denoise=...)`` runs; ``-search`` runs the kNN search
 again on the fitted invariant means (denoised images) and scores those neighbours (their
 seconds include the fit).
 
@@ -261,24 +263,35 @@ def ours_part(data, args):
             # computation of class_averages(X, n_neighbors=k, n_rotations=72, ...), done here
             # from the same search so that the neighbours are scored too
             blur = args.blur if method.endswith("blur") else 0.0
-            knn = InvariantKNeighborsTransformer(n_neighbors=args.k, n_rotations=72,
-                                                 max_translation=shift, refine=args.refine,
-                                                 reflection=mirror, device="cpu")
+            pca = method.endswith("pca")
             t0 = time.perf_counter()
-            Xs = X
+            Xs, scale, shape = X, 1.0, None
             if blur:
                 from scipy.ndimage import gaussian_filter
 
                 Xs = gaussian_filter(X, (0, blur, blur))
+            if pca:
+                # the search on a denoised copy (what class_averages(denoise=...) runs):
+                # DihedralPCA, then the search, its shifts scaled back to the input's pixels
+                from invariant_cluster import DihedralPCA
+
+                den = DihedralPCA(args.pca_components, output_size=args.pca_size).fit(X)
+                Xs, scale, shape = den.transform(X), den.scale_, den.image_shape_out_
+            knn = InvariantKNeighborsTransformer(n_neighbors=args.k, n_rotations=72,
+                                                 max_translation=shift / scale,
+                                                 refine=args.refine, reflection=mirror,
+                                                 image_shape=shape, device="cpu")
             knn.fit(Xs)
             _, ind, tau = knn.kneighbors(return_alignments=True)
+            tau[..., 1:3] *= scale
             t_knn = time.perf_counter() - t0
             mirrored = tau[..., 3].astype(bool) if mirror else None
             t0 = time.perf_counter()
             avg = one_step_average(Xi, ind, tau, args.k)
             t_avg = time.perf_counter() - t0
             name = (f"ours: invariant kNN (72 angles{', mirrors' if mirror else ''}"
-                    f"{f', search on a blur sigma={blur:g} px' if blur else ''})"
+                    f"{f', search on a blur sigma={blur:g} px' if blur else ''}"
+                    f"{f', search on DihedralPCA({args.pca_components}, output_size=' f'{args.pca_size})' if pca else ''})"
                     f" + one-step average of k={args.k}")
             row(name, **neighbour_scores(rots, ind, mirrored),
                 share_mirrored=None if mirrored is None else float(
@@ -348,11 +361,16 @@ def main(argv=None):
     p.add_argument("--force-aspire", action="store_true",
                    help="run ASPIRE again even where its .npz is already in --workdir")
     p.add_argument("--methods", nargs="+", default=["knn", "knn-mirror", "means"],
-                   choices=["knn", "knn-mirror", "knn-mirror-blur", "means", "means-mirror",
-                            "means-mirror-search"],
-                   help="ours to run ('-mirror': reflection=True; '-blur': the search on "
-                        "Gaussian-blurred images, the average of the noisy ones)")
+                   choices=["knn", "knn-mirror", "knn-mirror-blur", "knn-mirror-pca", "means",
+                            "means-mirror", "means-mirror-search"],
+                   help="ours to run ('-mirror': reflection=True; '-blur' / '-pca': the search "
+                        "on Gaussian-blurred / DihedralPCA-denoised images, the average of the "
+                        "noisy ones)")
     p.add_argument("--blur", type=float, default=1.5, help="sigma (px) of '-blur' methods")
+    p.add_argument("--pca-components", type=int, default=40,
+                   help="n_components of the DihedralPCA of '-pca' methods")
+    p.add_argument("--pca-size", type=int, default=32,
+                   help="output_size of the DihedralPCA of '-pca' methods")
     p.add_argument("--quick", action="store_true", help="n = 600, SNR 1, no shift")
     p.add_argument("--out", default=None)
     # used by --part aspire

@@ -21,6 +21,7 @@ _LAZY = {
     "invariant_distances": "invariant_cluster.alignment",
     "invariant_mean": "invariant_cluster.barycenters",
     "class_averages": "invariant_cluster.barycenters",
+    "DihedralPCA": "invariant_cluster.denoise",
     "InvariantAttentionClusterer": "invariant_cluster.cluster",
     "invariant_attention_clustering": "invariant_cluster.cluster",
     "KernelPCAAttention": "invariant_cluster.decomposition",
@@ -28,7 +29,7 @@ _LAZY = {
     "invariant_kneighbors_graph": "invariant_cluster.kneighbors",
 }
 _SUBMODULES = {"attention", "diagnostics", "datasets", "plotting", "transforms", "alignment",
-               "barycenters", "cluster", "decomposition", "metrics", "neighbors",
+               "barycenters", "cluster", "denoise", "decomposition", "metrics", "neighbors",
                "kneighbors"}
 
 __all__ = sorted([*_LAZY, "attention", "diagnostics", "datasets", "plotting", "metrics",

@@ -170,7 +170,8 @@ def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
 @reusing_heap
 def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=180.0,
                    n_rotations=36, max_translation=0, refine=True, reflection=False,
-                   neighbor_search="auto", image_shape=None, device="auto", batch_size=None):
+                   neighbor_search="auto", denoise=None, image_shape=None, device="auto",
+                   batch_size=None):
     """Class averages: denoised images by averaging under alignment.
 
     Two kinds, as cryo-electron microscopy's "2D classification" has them:
@@ -200,6 +201,15 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         mirror image of another particle.
     neighbor_search : {"auto", "exact", "shortlist"}, default="auto"
         As in :class:`~invariant_cluster.InvariantKNeighborsTransformer`.
+    denoise : DihedralPCA, optional
+        Search for the neighbours on a denoised copy (``labels=None`` only):
+        :class:`~invariant_cluster.denoise.DihedralPCA`, fitted on ``X`` here unless it is
+        fitted already. The alignments it finds (its shifts scaled by ``scale_``,
+        ``max_translation`` divided by it for the search) then warp the ORIGINAL images, which
+        are averaged. For noisy images: on 2,000 simulated cryo-EM projections of 63 x 63
+        pixels, ``DihedralPCA(40, output_size=32)`` lifted the share of neighbours within 10
+        degrees of viewing direction from 0.72 to 0.95 at SNR 4 and from 0.24 to 0.63 at SNR 1,
+        in half the time (``benchmarks/bench_cryoem.py``). Clean images lose detail by it.
 
     Returns
     -------
@@ -237,6 +247,9 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
     Xt, shape, _ = to_images(X, name="X", image_shape=image_shape, device=dev, min_samples=2)
     n = Xt.shape[0]
     ndim = np.ndim(X) if is_numpy else X.ndim
+    if labels is not None and denoise is not None:
+        raise ValueError("denoise: only with labels=None (each image's class average); the "
+                         "average of each cluster aligns all its members to one mean")
     if labels is not None:
         lab = np.asarray(labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels)
         if lab.shape != (n,):
@@ -257,13 +270,19 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
                 or not 1 <= n_neighbors < n:
             raise ValueError(f"n_neighbors: expected an int in [1, n_samples - 1 = {n - 1}], "
                              f"got {n_neighbors!r}")
+        flat = Xt.reshape(n, -1).cpu().numpy()
+        search, search_shape, scale = flat, shape, 1.0
+        if denoise is not None:
+            pca = _fitted_denoiser(denoise, Xt)
+            search = pca.transform(Xt.cpu().numpy())
+            search_shape, scale = pca.image_shape_out_, pca.scale_
         knn = InvariantKNeighborsTransformer(
             n_neighbors=int(n_neighbors), group=group, max_rotation=max_rotation,
-            n_rotations=n_rotations, max_translation=max_translation, refine=refine,
-            reflection=reflection, neighbor_search=neighbor_search, image_shape=shape,
+            n_rotations=n_rotations, max_translation=max_translation / scale, refine=refine,
+            reflection=reflection, neighbor_search=neighbor_search, image_shape=search_shape,
             device=dev, batch_size=batch_size)
-        flat = Xt.reshape(n, -1).cpu().numpy()
-        _, ind, tau = knn.fit(flat).kneighbors(return_alignments=True)
+        _, ind, tau = knn.fit(search).kneighbors(return_alignments=True)
+        tau[..., 1:3] *= scale  # shifts on the denoised copy's pixels, in the input's
         idx = torch.cat([torch.arange(n)[:, None], torch.as_tensor(ind)], 1).to(dev)
         tau = torch.as_tensor(tau, dtype=Xt.dtype, device=dev)
         params = torch.cat([torch.zeros_like(tau[:, :1]), tau], 1)
@@ -273,3 +292,24 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         out_shape = tuple(X.shape)
     out = out.reshape(out_shape)
     return out.cpu().numpy() if is_numpy else out
+
+
+def _fitted_denoiser(denoise, Xt):
+    """``denoise`` fitted on the images ``Xt`` ``(n, C, H, W)`` (a clone), or as given when it
+    is fitted already."""
+    from sklearn.base import clone
+    from sklearn.exceptions import NotFittedError
+    from sklearn.utils.validation import check_is_fitted
+
+    from .denoise import DihedralPCA
+
+    if not isinstance(denoise, DihedralPCA):
+        raise TypeError(f"denoise: expected None or a DihedralPCA, got {type(denoise).__name__}")
+    try:
+        check_is_fitted(denoise)
+    except NotFittedError:
+        return clone(denoise).fit(Xt.cpu().numpy())
+    if tuple(denoise.image_shape_) != tuple(Xt.shape[1:]):
+        raise ValueError(f"denoise: fitted on images of shape {tuple(denoise.image_shape_)}, "
+                         f"got {tuple(Xt.shape[1:])}")
+    return denoise
