@@ -289,9 +289,10 @@ def ours_part(data, args):
             t0 = time.perf_counter()
             avg = one_step_average(Xi, ind, tau, args.k)
             t_avg = time.perf_counter() - t0
+            on_pca = (f", search on DihedralPCA({args.pca_components}, "
+                      f"output_size={args.pca_size})") if pca else ""
             name = (f"ours: invariant kNN (72 angles{', mirrors' if mirror else ''}"
-                    f"{f', search on a blur sigma={blur:g} px' if blur else ''}"
-                    f"{f', search on DihedralPCA({args.pca_components}, output_size=' f'{args.pca_size})' if pca else ''})"
+                    f"{f', search on a blur sigma={blur:g} px' if blur else ''}{on_pca})"
                     f" + one-step average of k={args.k}")
             row(name, **neighbour_scores(rots, ind, mirrored),
                 share_mirrored=None if mirrored is None else float(

@@ -38,7 +38,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._utils import check_magnitude, flatten_images, resolve_image_shape
+from ._utils import check_magnitude, flatten_images, resolve_image_shape, to_tensor
 
 __all__ = ["DihedralPCA", "downsample"]
 
@@ -163,7 +163,7 @@ class DihedralPCA(TransformerMixin, BaseEstimator):
                 f"X: expected images of shape {tuple(self.image_shape_)} as in fit, got {shape}")
         check_magnitude(X2, image_shape=self.image_shape_)
         c, h, w = self.image_shape_
-        Xt = torch.from_numpy(np.ascontiguousarray(X2)).reshape(-1, c, h, w)
+        Xt = to_tensor(X2).reshape(-1, c, h, w)
         if self.output_size is not None:
             if h != w:
                 raise ValueError(f"output_size: down-sampling needs square images, got "
