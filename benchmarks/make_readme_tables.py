@@ -268,6 +268,8 @@ def _cryoem_kind(method):
             return "means_search"
         if "blur" in method:
             return "knn_blur"
+        if "DihedralPCA" in method:
+            return "knn_pca"
         return "knn_mirror" if "mirrors" in method else "knn"
     if method.startswith("ours: InvariantAttentionClusterer"):
         return "means_mirror" if "reflection=True" in method else "means"
@@ -295,6 +297,8 @@ def table_cryoem(r):
         sh = f"+-{shift:g} px" if shift else "none"
         nbr.append([snr(s), sh,
                     f"{get(c, 'aspire', 'nbr10')} ({get(c, 'aspire', 'med_angle', 0)} deg)",
+                    f"{get(c, 'knn_pca', 'nbr10')} ({get(c, 'knn_pca', 'med_angle', 0)} deg)"
+                    if "knn_pca" in c else "",
                     f"{get(c, 'knn_mirror', 'nbr10')} ({get(c, 'knn_mirror', 'med_angle', 0)} deg)"
                     if "knn_mirror" in c else "",
                     f"{get(c, 'knn', 'nbr10')} ({get(c, 'knn', 'med_angle', 0)} deg)"
@@ -303,29 +307,37 @@ def table_cryoem(r):
                     f"({get(c, 'means_search', 'med_angle', 0)} deg)"
                     if "means_search" in c else "",
                     get(c, "aspire", "seconds_neighbors", 0),
+                    get(c, "knn_pca", "seconds_neighbors", 0),
                     get(c, "knn_mirror", "seconds_neighbors", 0),
                     get(c, "knn", "seconds_neighbors", 0)])
         if any("corr_detail" in v for v in c.values()):
             detail.append([snr(s), sh] + [get(c, kind, "corr_detail") for kind in
-                                          ("noisy", "global", "aspire", "knn_mirror", "means")])
+                                          ("noisy", "global", "aspire", "knn_pca", "knn_mirror",
+                                           "means")])
         avg.append([snr(s), sh, get(c, "noisy", "corr"), get(c, "global", "corr"),
-                    get(c, "aspire", "corr"),
+                    get(c, "aspire", "corr"), get(c, "knn_pca", "corr"),
                     get(c, "knn_mirror", "corr"), get(c, "knn", "corr"), get(c, "means", "corr"),
                     get(c, "aspire", "seconds_averages_all_n", 0),
+                    get(c, "knn_pca", "seconds_averages", 0),
                     get(c, "knn_mirror", "seconds_averages", 0),
                     get(c, "means", "seconds_fit", 0)])
     if not nbr:
         return table_generic(r)
     k = r.get("k", 10)
-    t1 = md_table(["SNR", "shifts", "ASPIRE (mirrors)", "ours, mirrors", "ours, no mirrors",
+    t1 = md_table(["SNR", "shifts", "ASPIRE (mirrors)",
+                   "ours, mirrors, search on DihedralPCA(40, output_size=32)",
+                   "ours, mirrors, search on the pixels", "ours, no mirrors",
                    "ours, mirrors, searched again on the invariant means",
-                   "s ASPIRE classify", "s ours, mirrors", "s ours, no mirrors"], nbr,
-                  ["l", "l", "r", "r", "r", "r", "r", "r", "r"])
+                   "s ASPIRE classify", "s ours, DihedralPCA + search", "s ours, mirrors",
+                   "s ours, no mirrors"], nbr,
+                  ["l", "l"] + ["r"] * 9)
     t2 = md_table(["SNR", "shifts", "noisy image", "mean of all images (no alignment)", "ASPIRE",
+                   f"ours, one-step k={k}, mirrors, DihedralPCA search",
                    f"ours, one-step k={k}, mirrors", f"ours, one-step k={k}",
                    "ours, invariant_means_", "s ASPIRE (all n, extrapolated)",
-                   "s ours one-step", "s ours fit (means)"],
-                  avg, ["l", "l"] + ["r"] * 9)
+                   "s ours one-step (DihedralPCA search)", "s ours one-step",
+                   "s ours fit (means)"],
+                  avg, ["l", "l"] + ["r"] * 11)
     return ("Share of the 10 nearest neighbours within 10 degrees of viewing direction "
             "(median angle):\n\n" + t1 +
             f"\n\nMedian correlation of the class averages (k = {k} neighbours + the image) "
@@ -334,8 +346,9 @@ def table_cryoem(r):
                "\n\nThe same once the mean of all clean images (the particle's common shape) is "
                "subtracted from both (`corr_detail`; empty: not run with that metric):\n\n"
                + md_table(["SNR", "shifts", "noisy image", "mean of all images", "ASPIRE",
+                           f"ours, one-step k={k}, mirrors, DihedralPCA search",
                            f"ours, one-step k={k}, mirrors", "ours, invariant_means_"],
-                          detail, ["l", "l"] + ["r"] * 5)))
+                          detail, ["l", "l"] + ["r"] * 6)))
 
 
 def table_generic(r):
