@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, environment, print_table, scores, write_json  # noqa: E402
-from bench_noise import K, SEARCH, noisy, purity  # noqa: E402
+from bench_noise import SEARCH, K, noisy, purity  # noqa: E402
 
 from invariant_cluster import DihedralPCA  # noqa: E402
 from invariant_cluster._grouping import embed_and_cluster, fuzzy_graph, leiden  # noqa: E402
