@@ -4,7 +4,8 @@ As scikit-learn's ``KNeighborsTransformer`` inherits ``NeighborsBase._parameter_
 :class:`~invariant_cluster.InvariantAttentionClusterer`,
 :class:`~invariant_cluster.InvariantKNeighborsTransformer` and
 :class:`~invariant_cluster.KernelPCAAttention` take their common constraints, ``_grid`` and
-``_validate`` from :class:`SE2SearchMixin`.
+``_validate`` from :class:`SE2SearchMixin`; :class:`~invariant_cluster.DihedralPCA` takes only
+``_validate``, from :class:`ImageInputMixin`.
 """
 
 from __future__ import annotations
@@ -40,23 +41,15 @@ ENGINE_CONSTRAINTS = {
 }
 
 
-class SE2SearchMixin:
-    """``_parameter_constraints``, ``_grid`` and ``_validate`` of the SE(2) estimators."""
+class ImageInputMixin:
+    """``_validate``: the input checks of every estimator that takes images (an
+    ``image_shape`` parameter, an ``image_shape_`` attribute)."""
 
-    _parameter_constraints: dict = dict(SEARCH_CONSTRAINTS)
     # the fewest samples ``fit`` accepts
     _min_fit_samples = 1
     # the dtype whose range bounds the input's squared norms (None: float64 for float64 input,
     # float32 otherwise; see the user guide's reliability page)
     _magnitude_dtype = None
-
-    def _grid(self, refine=True):
-        """The validated :class:`~invariant_cluster.alignment.SearchGrid` of the parameters;
-        ``refine=False`` leaves the refinement out whatever ``self.refine`` says."""
-        return make_search_grid(self.group, self.max_rotation, self.n_rotations,
-                                self.max_translation, refine and getattr(self, "refine", False),
-                                self.reflection,
-                                image_shape=getattr(self, "image_shape_", None))
 
     def _validate(self, X, reset):
         """Flat float rows of ``X`` (images folded with ``image_shape``); sets ``image_shape_``
@@ -76,3 +69,17 @@ class SE2SearchMixin:
             )
         check_magnitude(X2, dtype=self._magnitude_dtype, image_shape=self.image_shape_)
         return X2
+
+
+class SE2SearchMixin(ImageInputMixin):
+    """``_parameter_constraints``, ``_grid`` and ``_validate`` of the SE(2) estimators."""
+
+    _parameter_constraints: dict = dict(SEARCH_CONSTRAINTS)
+
+    def _grid(self, refine=True):
+        """The validated :class:`~invariant_cluster.alignment.SearchGrid` of the parameters;
+        ``refine=False`` leaves the refinement out whatever ``self.refine`` says."""
+        return make_search_grid(self.group, self.max_rotation, self.n_rotations,
+                                self.max_translation, refine and getattr(self, "refine", False),
+                                self.reflection,
+                                image_shape=getattr(self, "image_shape_", None))

@@ -36,9 +36,10 @@ import torch
 import torch.nn.functional as F
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils._param_validation import Interval
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 
-from ._utils import check_magnitude, flatten_images, resolve_image_shape, to_tensor
+from ._estimator import ImageInputMixin
+from ._utils import to_tensor
 
 __all__ = ["DihedralPCA", "downsample"]
 
@@ -92,7 +93,7 @@ def _mean_average(m: np.ndarray, shape) -> np.ndarray:
     return np.ascontiguousarray(out).reshape(-1)
 
 
-class DihedralPCA(TransformerMixin, BaseEstimator):
+class DihedralPCA(ImageInputMixin, TransformerMixin, BaseEstimator):
     """Denoise images by a PCA whose covariance is averaged over quarter turns and mirrors.
 
     The search for neighbours in noisy images (cryo-EM particles, noisy digits) is more reliable
@@ -153,15 +154,9 @@ class DihedralPCA(TransformerMixin, BaseEstimator):
         self.image_shape = image_shape
 
     def _images(self, X, reset):
-        X2, shape = flatten_images(X, self.image_shape)
-        X2 = validate_data(self, X2, reset=reset, dtype=[np.float32, np.float64])
-        if reset:
-            self.image_shape_ = tuple(int(s) for s in (
-                shape or resolve_image_shape(X2.shape[1], self.image_shape)))
-        elif shape is not None and tuple(shape) != tuple(self.image_shape_):
-            raise ValueError(
-                f"X: expected images of shape {tuple(self.image_shape_)} as in fit, got {shape}")
-        check_magnitude(X2, image_shape=self.image_shape_)
+        """``(dtype, rows)``: the validated input's dtype and its (down-sampled) images as flat
+        rows of a tensor."""
+        X2 = self._validate(X, reset)
         c, h, w = self.image_shape_
         Xt = to_tensor(X2).reshape(-1, c, h, w)
         if self.output_size is not None:
@@ -187,7 +182,7 @@ class DihedralPCA(TransformerMixin, BaseEstimator):
         self : object
         """
         self._validate_params()
-        _, Z = self._images(X, reset=True)
+        dtype, Z = self._images(X, reset=True)
         n, f = Z.shape
         if f > MAX_FEATURES:
             raise ValueError(
@@ -213,7 +208,6 @@ class DihedralPCA(TransformerMixin, BaseEstimator):
         # keep a degenerate pair whole: the projection then still commutes with the group
         if r < top and vals[r] >= vals[r - 1] - 1e-6 * max(abs(vals[0]), 1e-300):
             r += 1
-        dtype = np.float32 if self._in_dtype(X) == np.float32 else np.float64
         self.mean_ = mean.astype(dtype)
         self.components_ = np.ascontiguousarray(vecs[:, :r].T).astype(dtype)
         self.explained_variance_ = np.clip(vals[:r], 0.0, None)
@@ -221,11 +215,6 @@ class DihedralPCA(TransformerMixin, BaseEstimator):
         self.image_shape_out_ = shape
         self.scale_ = float(self.image_shape_[1]) / float(h)
         return self
-
-    @staticmethod
-    def _in_dtype(X):
-        return np.float64 if getattr(X, "dtype", None) in (np.float64, torch.float64) \
-            else np.float32
 
     def transform(self, X):
         """The denoised (and down-sampled) images, flattened.
