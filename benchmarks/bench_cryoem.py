@@ -207,7 +207,11 @@ def one_step_average(X, ind, tau, k):
 
 
 def ours_part(data, args):
-    from invariant_cluster import InvariantAttentionClusterer, InvariantKNeighborsTransformer
+    from invariant_cluster import (
+        InvariantAttentionClusterer,
+        InvariantKNeighborsTransformer,
+        aligned_neighbors,
+    )
 
     # Maintenance note: ASPIRE's images are centred at pixel (L/2, L/2), ours (the rotation
     # centre and the mirror axis of invariant_cluster.transforms) at ((L-1)/2, (L-1)/2). For an
@@ -259,31 +263,25 @@ def ours_part(data, args):
     for method in args.methods:
         mirror = method.endswith("mirror") or "mirror-" in method
         if method.startswith("knn"):
-            # the invariant kNN transformer (72 angles), then the one-step aligned average: the
-            # computation of class_averages(X, n_neighbors=k, n_rotations=72, ...), done here
-            # from the same search so that the neighbours are scored too
+            # aligned_neighbors (72 angles), then the one-step aligned average: the two halves
+            # of class_averages(X, n_neighbors=k, n_rotations=72, ...), run apart so that the
+            # neighbours are scored and each half timed
             blur = args.blur if method.endswith("blur") else 0.0
             pca = method.endswith("pca")
             t0 = time.perf_counter()
-            Xs, scale, shape = X, 1.0, None
+            Xs, den = X, None
             if blur:
                 from scipy.ndimage import gaussian_filter
 
                 Xs = gaussian_filter(X, (0, blur, blur))
             if pca:
-                # the search on a denoised copy (what class_averages(denoise=...) runs):
-                # DihedralPCA, then the search, its shifts scaled back to the input's pixels
+                # the search on a denoised copy, as class_averages(denoise=...) runs it
                 from invariant_cluster import DihedralPCA
 
-                den = DihedralPCA(args.pca_components, output_size=args.pca_size).fit(X)
-                Xs, scale, shape = den.transform(X), den.scale_, den.image_shape_out_
-            knn = InvariantKNeighborsTransformer(n_neighbors=args.k, n_rotations=72,
-                                                 max_translation=shift / scale,
-                                                 refine=args.refine, reflection=mirror,
-                                                 image_shape=shape, device="cpu")
-            knn.fit(Xs)
-            _, ind, tau = knn.kneighbors(return_alignments=True)
-            tau[..., 1:3] *= scale
+                den = DihedralPCA(args.pca_components, output_size=args.pca_size)
+            ind, tau = aligned_neighbors(Xs, n_neighbors=args.k, n_rotations=72,
+                                         max_translation=shift, refine=args.refine,
+                                         reflection=mirror, denoise=den, device="cpu")
             t_knn = time.perf_counter() - t0
             mirrored = tau[..., 3].astype(bool) if mirror else None
             t0 = time.perf_counter()
@@ -370,7 +368,7 @@ def main(argv=None):
     p.add_argument("--blur", type=float, default=1.5, help="sigma (px) of '-blur' methods")
     p.add_argument("--pca-components", type=int, default=40,
                    help="n_components of the DihedralPCA of '-pca' methods")
-    p.add_argument("--pca-size", type=int, default=32,
+    p.add_argument("--pca-size", type=int, default=24,
                    help="output_size of the DihedralPCA of '-pca' methods")
     p.add_argument("--quick", action="store_true", help="n = 600, SNR 1, no shift")
     p.add_argument("--out", default=None)

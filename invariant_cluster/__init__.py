@@ -21,6 +21,7 @@ _LAZY = {
     "invariant_distances": "invariant_cluster.alignment",
     "invariant_mean": "invariant_cluster.barycenters",
     "class_averages": "invariant_cluster.barycenters",
+    "aligned_neighbors": "invariant_cluster.barycenters",
     "DihedralPCA": "invariant_cluster.denoise",
     "InvariantAttentionClusterer": "invariant_cluster.cluster",
     "invariant_attention_clustering": "invariant_cluster.cluster",

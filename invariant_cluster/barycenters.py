@@ -16,7 +16,7 @@ from .alignment import to_images
 from .search import grid_search, make_search_grid, refine_alignments
 from .transforms import fast_warp, invert_se2
 
-__all__ = ["invariant_mean", "class_averages"]
+__all__ = ["invariant_mean", "class_averages", "aligned_neighbors"]
 
 
 def invariant_mean_tensor(X: torch.Tensor, w: torch.Tensor, grid, *, init=None, max_iter=20,
@@ -239,7 +239,6 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
     >>> bool(err_avg < 0.5 * err_noisy)
     True
     """
-    from .kneighbors import InvariantKNeighborsTransformer
     from .neighbors import aligned_weighted_sum
 
     dev = resolve_device(device)
@@ -270,19 +269,12 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
                 or not 1 <= n_neighbors < n:
             raise ValueError(f"n_neighbors: expected an int in [1, n_samples - 1 = {n - 1}], "
                              f"got {n_neighbors!r}")
-        flat = Xt.reshape(n, -1).cpu().numpy()
-        search, search_shape, scale = flat, shape, 1.0
-        if denoise is not None:
-            pca = _fitted_denoiser(denoise, Xt)
-            search = pca.transform(Xt.cpu().numpy())
-            search_shape, scale = pca.image_shape_out_, pca.scale_
-        knn = InvariantKNeighborsTransformer(
-            n_neighbors=int(n_neighbors), group=group, max_rotation=max_rotation,
-            n_rotations=n_rotations, max_translation=max_translation / scale, refine=refine,
-            reflection=reflection, neighbor_search=neighbor_search, image_shape=search_shape,
-            device=dev, batch_size=batch_size)
-        _, ind, tau = knn.fit(search).kneighbors(return_alignments=True)
-        tau[..., 1:3] *= scale  # shifts on the denoised copy's pixels, in the input's
+        ind, tau = _aligned_neighbors(Xt, shape, int(n_neighbors), denoise, dev,
+                                      dict(group=group, max_rotation=max_rotation,
+                                           n_rotations=n_rotations, refine=refine,
+                                           reflection=reflection, batch_size=batch_size,
+                                           neighbor_search=neighbor_search),
+                                      max_translation)
         idx = torch.cat([torch.arange(n)[:, None], torch.as_tensor(ind)], 1).to(dev)
         tau = torch.as_tensor(tau, dtype=Xt.dtype, device=dev)
         params = torch.cat([torch.zeros_like(tau[:, :1]), tau], 1)
@@ -292,6 +284,74 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         out_shape = tuple(X.shape)
     out = out.reshape(out_shape)
     return out.cpu().numpy() if is_numpy else out
+
+
+def aligned_neighbors(X, n_neighbors=10, *, group="se2", max_rotation=180.0, n_rotations=36,
+                      max_translation=0, refine=True, reflection=False, neighbor_search="auto",
+                      denoise=None, image_shape=None, device="auto", batch_size=None):
+    """Each image's invariant nearest neighbours and their alignments, optionally found on a
+    denoised copy: the search of :func:`class_averages` (``labels=None``), without the average.
+
+    Parameters
+    ----------
+    X : array-like or torch.Tensor of shape (n, n_features), (n, H, W) or (n, C, H, W)
+    n_neighbors : int, default=10
+        Neighbours per image (at most ``n - 1``; the image itself is not one).
+    group, max_rotation, n_rotations, max_translation, refine, reflection, neighbor_search, \
+image_shape, device, batch_size
+        As in :func:`class_averages`.
+    denoise : DihedralPCA, optional
+        As in :func:`class_averages`: the search runs on the denoised copy, and the shifts it
+        finds are returned in the pixels of ``X``.
+
+    Returns
+    -------
+    indices : ndarray of shape (n, n_neighbors)
+        Nearest first.
+    alignments : ndarray of shape (n, n_neighbors, 3), or 4 with ``reflection=True``
+        ``(angle in degrees, tx, ty[, mirror])`` warping neighbour ``indices[i, j]`` onto image
+        ``i`` (the convention of :mod:`invariant_cluster.transforms`), shifts in the pixels of
+        ``X``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from invariant_cluster.barycenters import aligned_neighbors
+    >>> rng = np.random.default_rng(0)
+    >>> clean = rng.random((3, 12, 12)).astype(np.float32)
+    >>> X = np.concatenate([np.rot90(clean, k, axes=(1, 2)) for k in range(4)])  # 12 images
+    >>> ind, tau = aligned_neighbors(X, n_neighbors=3, n_rotations=4, refine=False)
+    >>> bool((ind % 3 == np.arange(12)[:, None] % 3).all()), tau.shape
+    (True, (12, 3, 3))
+    """
+    dev = resolve_device(device)
+    Xt, shape, _ = to_images(X, name="X", image_shape=image_shape, device=dev, min_samples=2)
+    n = Xt.shape[0]
+    if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, numbers.Integral) \
+            or not 1 <= n_neighbors < n:
+        raise ValueError(f"n_neighbors: expected an int in [1, n_samples - 1 = {n - 1}], "
+                         f"got {n_neighbors!r}")
+    return _aligned_neighbors(Xt, shape, int(n_neighbors), denoise, dev,
+                              dict(group=group, max_rotation=max_rotation,
+                                   n_rotations=n_rotations, refine=refine, reflection=reflection,
+                                   batch_size=batch_size, neighbor_search=neighbor_search),
+                              max_translation)
+
+
+def _aligned_neighbors(Xt, shape, k, denoise, dev, search_kw, max_translation):
+    """:func:`aligned_neighbors` on validated images ``Xt`` ``(n, C, H, W)``."""
+    from .kneighbors import InvariantKNeighborsTransformer
+
+    search, search_shape, scale = Xt.reshape(Xt.shape[0], -1).cpu().numpy(), shape, 1.0
+    if denoise is not None:
+        pca = _fitted_denoiser(denoise, Xt)
+        search = pca.transform(Xt.cpu().numpy())
+        search_shape, scale = pca.image_shape_out_, pca.scale_
+    knn = InvariantKNeighborsTransformer(n_neighbors=k, max_translation=max_translation / scale,
+                                         image_shape=search_shape, device=dev, **search_kw)
+    _, ind, tau = knn.fit(search).kneighbors(return_alignments=True)
+    tau[..., 1:3] *= scale  # shifts on the denoised copy's pixels, in the input's
+    return ind, tau
 
 
 def _fitted_denoiser(denoise, Xt):

@@ -6,7 +6,12 @@ import pytest
 import torch
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from invariant_cluster import DihedralPCA, InvariantKNeighborsTransformer, class_averages
+from invariant_cluster import (
+    DihedralPCA,
+    InvariantKNeighborsTransformer,
+    aligned_neighbors,
+    class_averages,
+)
 from invariant_cluster.denoise import downsample
 
 
@@ -88,10 +93,24 @@ class TestProjection:
 
 
 class TestDownsample:
-    def test_integer_factor_is_the_block_mean(self):
-        X = torch.as_tensor(_images(4, 12, seed=5))[:, None]
-        ref = X.reshape(4, 1, 4, 3, 4, 3).mean((3, 5))
-        torch.testing.assert_close(downsample(X, 4), ref)
+    @pytest.mark.parametrize("h,size", [(63, 32), (63, 24), (13, 6), (28, 14)])
+    def test_the_zoom_is_uniform(self, h, size):
+        # the coordinate ramps x and y land, away from the border, on the output pixels'
+        # centres mapped back by the uniform scale H / size, (i + 1/2) H / size - 1/2, to
+        # within 0.1 input pixel (the sampled triangle filter's centroid is off by a few
+        # hundredths; the uneven windows of adaptive pooling are off by 0.42 px at 63 -> 32)
+        i = torch.arange(h, dtype=torch.float64)
+        ramps = torch.stack([i[None, :].expand(h, h), i[:, None].expand(h, h)])[:, None]
+        c = (torch.arange(size, dtype=torch.float64) + 0.5) * h / size - 0.5
+        ref = torch.stack([c[None, :].expand(size, size), c[:, None].expand(size, size)])
+        e = 2
+        err = (downsample(ramps, size)[:, 0] - ref)[:, e:-e, e:-e].abs().max()
+        assert err < 0.1
+
+    def test_constant_stays_constant(self):
+        X = torch.full((2, 1, 17, 17), 3.5, dtype=torch.float64)
+        torch.testing.assert_close(downsample(X, 7), torch.full((2, 1, 7, 7), 3.5,
+                                                                dtype=torch.float64))
 
     @pytest.mark.parametrize("h,size", [(63, 32), (13, 6), (28, 14)])
     def test_commutes_with_the_group(self, h, size):
@@ -173,3 +192,59 @@ class TestClassAveragesDenoised:
             class_averages(X, labels=np.zeros(10, int), denoise=DihedralPCA())
         with pytest.raises(ValueError, match="denoise"):
             class_averages(X, n_neighbors=3, denoise=DihedralPCA(2).fit(_images(10, 6)))
+
+
+class TestAlignedNeighbors:
+    @pytest.mark.parametrize("h,shifts", [(16, (-2, 0, 2)), (20, (-4, -2, 0, 2))])
+    def test_shifts_on_the_copy_come_back_in_input_pixels(self, h, shifts):
+        # copies of one image shifted by even integers along x, searched on the half-size
+        # copy: each neighbour's reported shift is the difference of the known shifts
+        base = np.zeros((h, h))
+        base[5:h - 5, 5:h - 5] = _images(1, h - 10, seed=h)[0]
+        X = np.stack([np.roll(base, t, 1) for t in shifts])
+        pca = DihedralPCA(n_components=h * h, output_size=h // 2)
+        ind, tau = aligned_neighbors(X, n_neighbors=len(shifts) - 1, group="translation",
+                                     max_translation=max(shifts) - min(shifts), refine=False,
+                                     denoise=pca)
+        assert tau.shape == (len(shifts), len(shifts) - 1, 3)
+        t = np.asarray(shifts, float)
+        # the neighbour's content moved onto the image: tx = t_i - t_j
+        np.testing.assert_allclose(tau[..., 1], t[:, None] - t[ind], atol=1e-5)
+        np.testing.assert_allclose(tau[..., 2], 0.0, atol=1e-5)
+
+    @pytest.mark.parametrize("n_images", [2, 3])
+    def test_quarter_turns_and_mirrors(self, n_images):
+        # the 8 dihedral copies of each image: the 7 neighbours of a copy are the others, each
+        # with a mirror bit that says whether the two differ by a mirror
+        base = _images(n_images, 12, seed=n_images)
+        X = np.concatenate([np.rot90(base[:, :, ::-1] if m else base, r, axes=(1, 2))
+                            for m in (0, 1) for r in range(4)])
+        y = np.tile(np.arange(n_images), 8)
+        mirror = np.repeat([0, 1], 4 * n_images)
+        ind, tau = aligned_neighbors(X, n_neighbors=7, n_rotations=4, refine=False,
+                                     reflection=True)
+        assert tau.shape == (8 * n_images, 7, 4)
+        assert (y[ind] == y[:, None]).all()
+        np.testing.assert_array_equal(tau[..., 3], mirror[ind] != mirror[:, None])
+
+    def test_is_the_search_of_class_averages(self):
+        from invariant_cluster.neighbors import aligned_weighted_sum
+
+        X = _images(30, 10, seed=3).astype(np.float32)
+        kw = dict(n_neighbors=4, n_rotations=8, max_translation=1)
+        ind, tau = aligned_neighbors(X, **kw)
+        Xt = torch.as_tensor(X)[:, None]
+        idx = torch.cat([torch.arange(30)[:, None], torch.as_tensor(ind)], 1)
+        params = torch.cat([torch.zeros(30, 1, 3), torch.as_tensor(tau)], 1)
+        ref = aligned_weighted_sum(Xt, idx, params, torch.full(idx.shape, 0.2))[:, 0]
+        np.testing.assert_allclose(class_averages(X, **kw), ref.numpy(), atol=1e-5)
+
+    def test_errors(self):
+        X = _images(6, 8)
+        for bad in (0, 6, 2.0, True):
+            with pytest.raises(ValueError, match="n_neighbors"):
+                aligned_neighbors(X, n_neighbors=bad)
+        with pytest.raises(TypeError, match="denoise"):
+            aligned_neighbors(X, n_neighbors=2, denoise="pca")
+        with pytest.raises(ValueError, match="X"):
+            aligned_neighbors(np.full((6, 8, 8), np.nan), n_neighbors=2)
