@@ -16,14 +16,14 @@ This benchmark runs both on the same images, and ours:
   images, its ``invariant_means_`` (each image's converged mean, in its own pose).
 
 ``--methods`` picks among ``knn``, ``knn-mirror``, ``knn-mirror-blur``, ``knn-mirror-pca``,
-``means``, ``means-mirror`` and ``means-mirror-search``: ``-mirror`` is ``reflection=True`` (the
-search also covers mirror images, as ASPIRE's does); ``-blur`` searches on Gaussian-blurred
-copies (``--blur`` px), a low-pass like the steerable-PCA truncation before ASPIRE's bispectrum,
-and averages the noisy images with the alignments found there; ``-pca`` does the same on
-:class:`~invariant_cluster.denoise.DihedralPCA` (``--pca-components``, ``--pca-size``), what
-``class_averages(denoise=...)`` runs; ``-search`` runs the kNN search
-again on the fitted invariant means (denoised images) and scores those neighbours (their
-seconds include the fit).
+``knn-mirror-pca-center``, ``means``, ``means-mirror`` and ``means-mirror-search``: ``-mirror`` is
+``reflection=True`` (the search also covers mirror images, as ASPIRE's does); ``-blur`` searches on
+Gaussian-blurred copies (``--blur`` px), a low-pass like the steerable-PCA truncation before
+ASPIRE's bispectrum, and averages the noisy images with the alignments found there; ``-pca`` does
+the same on :class:`~invariant_cluster.denoise.DihedralPCA` (``--pca-components``, ``--pca-size``),
+what ``class_averages(denoise=...)`` runs; ``-center`` centres each denoised copy on its centre of
+mass first (``center=True``); ``-search`` runs the kNN search again on the fitted invariant means
+(denoised images) and scores those neighbours (their seconds include the fit).
 
 Data (part ``aspire``, run under the ASPIRE environment): ``aspire.source.Simulation`` of one
 ``aspire.volume.AsymmetricVolume`` (L = 64, seed 0), ``--n`` images (2,000), no CTF, amplitudes 1,
@@ -267,7 +267,8 @@ def ours_part(data, args):
             # of class_averages(X, n_neighbors=k, n_rotations=72, ...), run apart so that the
             # neighbours are scored and each half timed
             blur = args.blur if method.endswith("blur") else 0.0
-            pca = method.endswith("pca")
+            pca = "-pca" in method
+            center = method.endswith("center")
             t0 = time.perf_counter()
             Xs, den = X, None
             if blur:
@@ -281,7 +282,8 @@ def ours_part(data, args):
                 den = DihedralPCA(args.pca_components, output_size=args.pca_size)
             ind, tau = aligned_neighbors(Xs, n_neighbors=args.k, n_rotations=72,
                                          max_translation=shift, refine=args.refine,
-                                         reflection=mirror, denoise=den, device="cpu")
+                                         reflection=mirror, denoise=den, center=center,
+                                         device="cpu")
             t_knn = time.perf_counter() - t0
             mirrored = tau[..., 3].astype(bool) if mirror else None
             t0 = time.perf_counter()
@@ -290,7 +292,8 @@ def ours_part(data, args):
             on_pca = (f", search on DihedralPCA({args.pca_components}, "
                       f"output_size={args.pca_size})") if pca else ""
             name = (f"ours: invariant kNN (72 angles{', mirrors' if mirror else ''}"
-                    f"{f', search on a blur sigma={blur:g} px' if blur else ''}{on_pca})"
+                    f"{f', search on a blur sigma={blur:g} px' if blur else ''}{on_pca}"
+                    f"{', centred' if center else ''})"
                     f" + one-step average of k={args.k}")
             row(name, **neighbour_scores(rots, ind, mirrored),
                 share_mirrored=None if mirrored is None else float(
@@ -360,7 +363,8 @@ def main(argv=None):
     p.add_argument("--force-aspire", action="store_true",
                    help="run ASPIRE again even where its .npz is already in --workdir")
     p.add_argument("--methods", nargs="+", default=["knn", "knn-mirror", "means"],
-                   choices=["knn", "knn-mirror", "knn-mirror-blur", "knn-mirror-pca", "means",
+                   choices=["knn", "knn-mirror", "knn-mirror-blur", "knn-mirror-pca",
+                            "knn-mirror-pca-center", "means",
                             "means-mirror", "means-mirror-search"],
                    help="ours to run ('-mirror': reflection=True; '-blur' / '-pca': the search "
                         "on Gaussian-blurred / DihedralPCA-denoised images, the average of the "

@@ -324,8 +324,12 @@ def table_cryoem(r):
     if not nbr:
         return table_generic(r)
     k = r.get("k", 10)
+    # the DihedralPCA of the '-pca' rows, as their method name gives it
+    pca_names = {m[m.index("DihedralPCA"):m.index(")", m.index("DihedralPCA")) + 1]
+                 for m in (x["method"] for x in r["rows"]) if "DihedralPCA" in m}
+    pca_name = " / ".join(sorted(pca_names)) or "DihedralPCA"
     t1 = md_table(["SNR", "shifts", "ASPIRE (mirrors)",
-                   "ours, mirrors, search on DihedralPCA(40, output_size=32)",
+                   f"ours, mirrors, search on {pca_name}",
                    "ours, mirrors, search on the pixels", "ours, no mirrors",
                    "ours, mirrors, searched again on the invariant means",
                    "s ASPIRE classify", "s ours, DihedralPCA + search", "s ours, mirrors",

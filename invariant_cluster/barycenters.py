@@ -14,7 +14,7 @@ from ._progress import progress_bar
 from ._utils import check_real_dtype, resolve_device
 from .alignment import to_images
 from .search import grid_search, make_search_grid, refine_alignments
-from .transforms import fast_warp, invert_se2
+from .transforms import compose_se2, fast_warp, image_centre, invert_se2
 
 __all__ = ["invariant_mean", "class_averages", "aligned_neighbors"]
 
@@ -170,8 +170,8 @@ def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
 @reusing_heap
 def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=180.0,
                    n_rotations=36, max_translation=0, refine=True, reflection=False,
-                   neighbor_search="auto", denoise=None, image_shape=None, device="auto",
-                   batch_size=None):
+                   neighbor_search="auto", denoise=None, center=False, image_shape=None,
+                   device="auto", batch_size=None):
     """Class averages: denoised images by averaging under alignment.
 
     Two kinds, as cryo-electron microscopy's "2D classification" has them:
@@ -210,6 +210,9 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         pixels, ``DihedralPCA(40, output_size=32)`` lifted the share of neighbours within 10
         degrees of viewing direction from 0.72 to 0.95 at SNR 4 and from 0.24 to 0.63 at SNR 1,
         in half the time (``benchmarks/bench_cryoem.py``). Clean images lose detail by it.
+    center : bool, default=False
+        Centre each image (its denoised copy, with ``denoise``) on its centre of mass before
+        the search (``labels=None`` only); see :func:`aligned_neighbors`.
 
     Returns
     -------
@@ -249,6 +252,8 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
     if labels is not None and denoise is not None:
         raise ValueError("denoise: only with labels=None (each image's class average); the "
                          "average of each cluster aligns all its members to one mean")
+    if labels is not None and center:
+        raise ValueError("center: only with labels=None (each image's class average)")
     if labels is not None:
         lab = np.asarray(labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels)
         if lab.shape != (n,):
@@ -269,7 +274,7 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
                 or not 1 <= n_neighbors < n:
             raise ValueError(f"n_neighbors: expected an int in [1, n_samples - 1 = {n - 1}], "
                              f"got {n_neighbors!r}")
-        ind, tau = _aligned_neighbors(Xt, shape, int(n_neighbors), denoise, dev,
+        ind, tau = _aligned_neighbors(Xt, shape, int(n_neighbors), denoise, center, dev,
                                       dict(group=group, max_rotation=max_rotation,
                                            n_rotations=n_rotations, refine=refine,
                                            reflection=reflection, batch_size=batch_size,
@@ -288,7 +293,8 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
 
 def aligned_neighbors(X, n_neighbors=10, *, group="se2", max_rotation=180.0, n_rotations=36,
                       max_translation=0, refine=True, reflection=False, neighbor_search="auto",
-                      denoise=None, image_shape=None, device="auto", batch_size=None):
+                      denoise=None, center=False, image_shape=None, device="auto",
+                      batch_size=None):
     """Each image's invariant nearest neighbours and their alignments, optionally found on a
     denoised copy: the search of :func:`class_averages` (``labels=None``), without the average.
 
@@ -303,6 +309,17 @@ image_shape, device, batch_size
     denoise : DihedralPCA, optional
         As in :func:`class_averages`: the search runs on the denoised copy, and the shifts it
         finds are returned in the pixels of ``X``.
+    center : bool, default=False
+        Before the search, shift each image (its denoised copy, with ``denoise``) so that the
+        centre of mass of its positive part is at the image centre; ``max_translation`` is
+        then the range searched around that. The alignments returned include both
+        centrings, so they still map the original neighbour onto the original image. For
+        objects off-centre by more than one wants to search (particles picked with offsets):
+        on 2,000 simulated cryo-EM projections with offsets of +-2 px (SNR 4,
+        ``DihedralPCA(40, output_size=24)``, ``benchmarks/bench_cryoem.py``) it lifted the
+        share of neighbours within 10 degrees from 0.49 to 0.92, at no extra cost. The centre
+        of a noisy image is itself noisy: on centred images at SNR 1/4 it lowered that share
+        from 0.21 to 0.14.
 
     Returns
     -------
@@ -331,27 +348,57 @@ image_shape, device, batch_size
             or not 1 <= n_neighbors < n:
         raise ValueError(f"n_neighbors: expected an int in [1, n_samples - 1 = {n - 1}], "
                          f"got {n_neighbors!r}")
-    return _aligned_neighbors(Xt, shape, int(n_neighbors), denoise, dev,
+    return _aligned_neighbors(Xt, shape, int(n_neighbors), denoise, center, dev,
                               dict(group=group, max_rotation=max_rotation,
                                    n_rotations=n_rotations, refine=refine, reflection=reflection,
                                    batch_size=batch_size, neighbor_search=neighbor_search),
                               max_translation)
 
 
-def _aligned_neighbors(Xt, shape, k, denoise, dev, search_kw, max_translation):
+def _aligned_neighbors(Xt, shape, k, denoise, center, dev, search_kw, max_translation):
     """:func:`aligned_neighbors` on validated images ``Xt`` ``(n, C, H, W)``."""
     from .kneighbors import InvariantKNeighborsTransformer
 
-    search, search_shape, scale = Xt.reshape(Xt.shape[0], -1).cpu().numpy(), shape, 1.0
+    if not isinstance(center, (bool, np.bool_)):
+        raise TypeError(f"center: expected a bool, got {type(center).__name__}")
+    n = Xt.shape[0]
+    search, search_shape, scale = Xt.reshape(n, -1).cpu().numpy(), shape, 1.0
     if denoise is not None:
         pca = _fitted_denoiser(denoise, Xt)
         search = pca.transform(Xt.cpu().numpy())
         search_shape, scale = pca.image_shape_out_, pca.scale_
+    offsets = None
+    if center:
+        search, offsets = _centred(search, search_shape)
     knn = InvariantKNeighborsTransformer(n_neighbors=k, max_translation=max_translation / scale,
                                          image_shape=search_shape, device=dev, **search_kw)
     _, ind, tau = knn.fit(search).kneighbors(return_alignments=True)
+    if offsets is not None:
+        # T_(0, d_i) T_tau T_(0, -d_j): un-centre the image, centre the neighbour
+        zero = np.zeros((n, 1))
+        to_i = np.concatenate([zero, offsets, zero], 1)[:, None]
+        from_j = np.concatenate([zero, -offsets, zero], 1)[ind]
+        full = compose_se2(np.broadcast_to(to_i, from_j.shape),
+                           compose_se2(tau.astype(np.float64), from_j))
+        tau = full[..., :tau.shape[-1]].astype(tau.dtype)  # (the mirror bit is kept as is)
     tau[..., 1:3] *= scale  # shifts on the denoised copy's pixels, in the input's
     return ind, tau
+
+
+def _centred(flat: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
+    """Images (flat rows of ``shape`` ``(C, H, W)``) shifted so that the centre of mass of their
+    positive part (channels summed) is at the image centre, and the ``(n, 2)`` offsets
+    ``(dx, dy)`` of those centres from the image centre (an image with no positive value is
+    left as it is)."""
+    from .search.descriptors import _centres
+
+    Z = torch.as_tensor(flat).reshape(-1, *shape)
+    h, w = shape[-2:]
+    d = _centres(Z, "mass") - torch.tensor(image_centre(h, w), dtype=Z.dtype)
+    params = torch.cat([torch.zeros_like(d[:, :1]), -d], 1)
+    with torch.no_grad():
+        out = fast_warp(Z, params)
+    return out.reshape(flat.shape).numpy(), d.double().numpy()
 
 
 def _fitted_denoiser(denoise, Xt):
