@@ -269,7 +269,7 @@ def _cryoem_kind(method):
         if "blur" in method:
             return "knn_blur"
         if "DihedralPCA" in method:
-            return "knn_pca"
+            return "knn_pca_center" if "centred" in method else "knn_pca"
         return "knn_mirror" if "mirrors" in method else "knn"
     if method.startswith("ours: InvariantAttentionClusterer"):
         return "means_mirror" if "reflection=True" in method else "means"
@@ -299,6 +299,9 @@ def table_cryoem(r):
                     f"{get(c, 'aspire', 'nbr10')} ({get(c, 'aspire', 'med_angle', 0)} deg)",
                     f"{get(c, 'knn_pca', 'nbr10')} ({get(c, 'knn_pca', 'med_angle', 0)} deg)"
                     if "knn_pca" in c else "",
+                    f"{get(c, 'knn_pca_center', 'nbr10')} "
+                    f"({get(c, 'knn_pca_center', 'med_angle', 0)} deg)"
+                    if "knn_pca_center" in c else "",
                     f"{get(c, 'knn_mirror', 'nbr10')} ({get(c, 'knn_mirror', 'med_angle', 0)} deg)"
                     if "knn_mirror" in c else "",
                     f"{get(c, 'knn', 'nbr10')} ({get(c, 'knn', 'med_angle', 0)} deg)"
@@ -308,14 +311,16 @@ def table_cryoem(r):
                     if "means_search" in c else "",
                     get(c, "aspire", "seconds_neighbors", 0),
                     get(c, "knn_pca", "seconds_neighbors", 0),
+                    get(c, "knn_pca_center", "seconds_neighbors", 0),
                     get(c, "knn_mirror", "seconds_neighbors", 0),
                     get(c, "knn", "seconds_neighbors", 0)])
         if any("corr_detail" in v for v in c.values()):
             detail.append([snr(s), sh] + [get(c, kind, "corr_detail") for kind in
-                                          ("noisy", "global", "aspire", "knn_pca", "knn_mirror",
-                                           "means")])
+                                          ("noisy", "global", "aspire", "knn_pca",
+                                           "knn_pca_center", "knn_mirror", "means")])
         avg.append([snr(s), sh, get(c, "noisy", "corr"), get(c, "global", "corr"),
                     get(c, "aspire", "corr"), get(c, "knn_pca", "corr"),
+                    get(c, "knn_pca_center", "corr"),
                     get(c, "knn_mirror", "corr"), get(c, "knn", "corr"), get(c, "means", "corr"),
                     get(c, "aspire", "seconds_averages_all_n", 0),
                     get(c, "knn_pca", "seconds_averages", 0),
@@ -329,19 +334,19 @@ def table_cryoem(r):
                  for m in (x["method"] for x in r["rows"]) if "DihedralPCA" in m}
     pca_name = " / ".join(sorted(pca_names)) or "DihedralPCA"
     t1 = md_table(["SNR", "shifts", "ASPIRE (mirrors)",
-                   f"ours, mirrors, search on {pca_name}",
+                   f"ours, mirrors, search on {pca_name}", "the same, centred",
                    "ours, mirrors, search on the pixels", "ours, no mirrors",
                    "ours, mirrors, searched again on the invariant means",
-                   "s ASPIRE classify", "s ours, DihedralPCA + search", "s ours, mirrors",
-                   "s ours, no mirrors"], nbr,
-                  ["l", "l"] + ["r"] * 9)
+                   "s ASPIRE classify", "s ours, DihedralPCA + search", "s the same, centred",
+                   "s ours, mirrors", "s ours, no mirrors"], nbr,
+                  ["l", "l"] + ["r"] * 11)
     t2 = md_table(["SNR", "shifts", "noisy image", "mean of all images (no alignment)", "ASPIRE",
-                   f"ours, one-step k={k}, mirrors, DihedralPCA search",
+                   f"ours, one-step k={k}, mirrors, DihedralPCA search", "the same, centred",
                    f"ours, one-step k={k}, mirrors", f"ours, one-step k={k}",
                    "ours, invariant_means_", "s ASPIRE (all n, extrapolated)",
                    "s ours one-step (DihedralPCA search)", "s ours one-step",
                    "s ours fit (means)"],
-                  avg, ["l", "l"] + ["r"] * 11)
+                  avg, ["l", "l"] + ["r"] * 12)
     return ("Share of the 10 nearest neighbours within 10 degrees of viewing direction "
             "(median angle):\n\n" + t1 +
             f"\n\nMedian correlation of the class averages (k = {k} neighbours + the image) "
@@ -351,8 +356,9 @@ def table_cryoem(r):
                "subtracted from both (`corr_detail`; empty: not run with that metric):\n\n"
                + md_table(["SNR", "shifts", "noisy image", "mean of all images", "ASPIRE",
                            f"ours, one-step k={k}, mirrors, DihedralPCA search",
-                           f"ours, one-step k={k}, mirrors", "ours, invariant_means_"],
-                          detail, ["l", "l"] + ["r"] * 6)))
+                           "the same, centred", f"ours, one-step k={k}, mirrors",
+                           "ours, invariant_means_"],
+                          detail, ["l", "l"] + ["r"] * 7)))
 
 
 def table_generic(r):

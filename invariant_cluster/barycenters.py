@@ -207,9 +207,9 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         fitted already. The alignments it finds (its shifts scaled by ``scale_``,
         ``max_translation`` divided by it for the search) then warp the ORIGINAL images, which
         are averaged. For noisy images: on 2,000 simulated cryo-EM projections of 63 x 63
-        pixels, ``DihedralPCA(40, output_size=32)`` lifted the share of neighbours within 10
-        degrees of viewing direction from 0.72 to 0.95 at SNR 4 and from 0.24 to 0.63 at SNR 1,
-        in half the time (``benchmarks/bench_cryoem.py``). Clean images lose detail by it.
+        pixels, ``DihedralPCA(40, output_size=24)`` lifted the share of neighbours within 10
+        degrees of viewing direction from 0.72 to 0.96 at SNR 4 and from 0.24 to 0.68 at SNR 1,
+        in a third of the time (``benchmarks/bench_cryoem.py``). Clean images lose detail by it.
     center : bool, default=False
         Centre each image (its denoised copy, with ``denoise``) on its centre of mass before
         the search (``labels=None`` only); see :func:`aligned_neighbors`.
