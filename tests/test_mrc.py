@@ -181,3 +181,59 @@ def test_class_averages_of_other_inputs(tmp_path, capsys, particles):
     np.save(tmp_path / "rgb.npy", np.repeat(noisy[:, None], 3, axis=1))
     assert_usage_error(call(capsys, "class-averages", tmp_path / "rgb.npy", "--out", out),
                        "rgb.npy", "single-channel", "3 channels")
+
+
+class TestOneStepClassAverages:
+    def _averages(self, out):
+        with mrcfile.open(out / "class_averages.mrcs") as mrc:
+            return np.array(mrc.data)
+
+    def test_one_step_is_class_averages(self, tmp_path, capsys, particles):
+        # --one-step writes class_averages(X, n_neighbors=K, ...) of the stack, no labels
+        from invariant_cluster import class_averages
+
+        clean, noisy, path = particles
+        out = tmp_path / "o"
+        proc = call(capsys, "class-averages", path, "--one-step", "--n-neighbors", 5,
+                    "--n-rotations", 4, "--no-refine", "--device", "cpu", "--out", out)
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(p.name for p in out.iterdir()) == ["class_averages.json",
+                                                         "class_averages.mrcs"]
+        ref = class_averages(noisy, n_neighbors=5, n_rotations=4, refine=False, device="cpu")
+        np.testing.assert_allclose(self._averages(out), ref, atol=1e-5)
+        info = json.loads((out / "class_averages.json").read_text())
+        assert info["method"] == "one-step" and info["n_neighbors"] == 5
+        assert info["denoise"] is None and info["center"] is False
+        # the 5 nearest of each image are its 5 quarter-turned copies: near the clean image
+        err_avg = np.linalg.norm((self._averages(out) - clean).reshape(12, -1), axis=1)
+        err_noisy = np.linalg.norm((noisy - clean).reshape(12, -1), axis=1)
+        assert np.all(err_avg < 0.8 * err_noisy)
+
+    def test_denoise_and_center(self, tmp_path, capsys, particles):
+        from invariant_cluster import DihedralPCA, class_averages
+
+        _, noisy, path = particles
+        out = tmp_path / "d"
+        proc = call(capsys, "class-averages", path, "--denoise", 8, "--denoise-size", 8,
+                    "--center", "--reflection", "--n-neighbors", 5, "--n-rotations", 8,
+                    "--device", "cpu", "--out", out)
+        assert proc.returncode == 0, proc.stderr
+        ref = class_averages(noisy, n_neighbors=5, n_rotations=8, reflection=True,
+                             denoise=DihedralPCA(8, output_size=8), center=True, device="cpu")
+        np.testing.assert_allclose(self._averages(out), ref, atol=1e-5)
+        info = json.loads((out / "class_averages.json").read_text())
+        assert info["denoise"]["n_components"] == 8 and info["denoise"]["output_size"] == 8
+        assert info["center"] is True
+
+    @pytest.mark.parametrize("args, fragment", [
+        (["--denoise-size", "8"], "--denoise-size"),
+        (["--one-step", "--n-clusters", "2"], "--n-clusters"),
+        (["--center", "--max-iter", "3"], "--max-iter"),
+        (["--one-step", "--n-neighbors", "12"], "--n-neighbors"),
+        (["--denoise", "4", "--denoise-size", "40"], "output_size"),
+    ])
+    def test_errors(self, tmp_path, capsys, particles, args, fragment):
+        _, _, path = particles
+        proc = call(capsys, "class-averages", path, *args, "--device", "cpu",
+                    "--out", tmp_path / "e")
+        assert_usage_error(proc, fragment)
