@@ -188,22 +188,16 @@ def average_scores(A, clean, m, blob):
 
 # --------------------------------------------------------------------------- part (b): ours
 def one_step_average(X, ind, tau, k):
-    """Each image and its ``k`` nearest neighbours warped onto it, averaged: the library's
-    ``aligned_weighted_sum`` (what ``barycenters.class_averages`` runs after its search) with
-    equal weights, the image itself at the identity."""
+    """Each image and its ``k`` nearest neighbours warped onto it, averaged with equal weights
+    (the image itself at the identity): what ``barycenters.class_averages`` runs after its
+    search."""
     import torch
 
-    from invariant_cluster.neighbors import aligned_weighted_sum
+    from invariant_cluster.barycenters import _one_step_average
 
     n = X.shape[0]
     Xt = torch.as_tensor(X).reshape(n, -1, *X.shape[-2:])  # (n, C, H, W)
-    idx = torch.cat([torch.arange(n)[:, None], torch.as_tensor(ind[:, :k], dtype=torch.long)], 1)
-    tau = torch.as_tensor(tau[:, :k], dtype=Xt.dtype)
-    params = torch.cat([torch.zeros_like(tau[:, :1]), tau], 1)
-    W = torch.full(idx.shape, 1.0 / (k + 1), dtype=Xt.dtype)
-    with torch.no_grad():
-        out = aligned_weighted_sum(Xt, idx, params, W)
-    return out.numpy().reshape(n, *X.shape[1:])
+    return _one_step_average(Xt, ind[:, :k], tau[:, :k]).numpy().reshape(n, *X.shape[1:])
 
 
 def ours_part(data, args):

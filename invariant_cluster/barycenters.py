@@ -242,8 +242,6 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
     >>> bool(err_avg < 0.5 * err_noisy)
     True
     """
-    from .neighbors import aligned_weighted_sum
-
     dev = resolve_device(device)
     is_numpy = not isinstance(X, torch.Tensor)
     Xt, shape, _ = to_images(X, name="X", image_shape=image_shape, device=dev, min_samples=2)
@@ -270,22 +268,12 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         out = torch.stack(means)
         out_shape = (len(means), -1) if ndim == 2 else (len(means), *tuple(X.shape[1:]))
     else:
-        if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, numbers.Integral) \
-                or not 1 <= n_neighbors < n:
-            raise ValueError(f"n_neighbors: expected an int in [1, n_samples - 1 = {n - 1}], "
-                             f"got {n_neighbors!r}")
-        ind, tau = _aligned_neighbors(Xt, shape, int(n_neighbors), denoise, center, dev,
-                                      dict(group=group, max_rotation=max_rotation,
-                                           n_rotations=n_rotations, refine=refine,
-                                           reflection=reflection, batch_size=batch_size,
-                                           neighbor_search=neighbor_search),
-                                      max_translation)
-        idx = torch.cat([torch.arange(n)[:, None], torch.as_tensor(ind)], 1).to(dev)
-        tau = torch.as_tensor(tau, dtype=Xt.dtype, device=dev)
-        params = torch.cat([torch.zeros_like(tau[:, :1]), tau], 1)
-        W = torch.full(idx.shape, 1.0 / idx.shape[1], dtype=Xt.dtype, device=dev)
-        with torch.no_grad():
-            out = aligned_weighted_sum(Xt, idx, params, W, batch_size=batch_size)
+        ind, tau = _aligned_neighbors(
+            Xt, shape, n_neighbors, denoise=denoise, center=center, device=dev,
+            max_translation=max_translation, group=group, max_rotation=max_rotation,
+            n_rotations=n_rotations, refine=refine, reflection=reflection,
+            batch_size=batch_size, neighbor_search=neighbor_search)
+        out = _one_step_average(Xt, ind, tau, batch_size=batch_size)
         out_shape = tuple(X.shape)
     out = out.reshape(out_shape)
     return out.cpu().numpy() if is_numpy else out
@@ -343,25 +331,26 @@ image_shape, device, batch_size
     """
     dev = resolve_device(device)
     Xt, shape, _ = to_images(X, name="X", image_shape=image_shape, device=dev, min_samples=2)
+    return _aligned_neighbors(
+        Xt, shape, n_neighbors, denoise=denoise, center=center, device=dev,
+        max_translation=max_translation, group=group, max_rotation=max_rotation,
+        n_rotations=n_rotations, refine=refine, reflection=reflection, batch_size=batch_size,
+        neighbor_search=neighbor_search)
+
+
+def _aligned_neighbors(Xt, shape, n_neighbors, *, denoise, center, device, max_translation,
+                       **search_kw):
+    """:func:`aligned_neighbors` on validated images ``Xt`` ``(n, C, H, W)`` (both public
+    functions' checks of ``n_neighbors`` and ``center`` are here)."""
+    from .kneighbors import InvariantKNeighborsTransformer
+
     n = Xt.shape[0]
     if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, numbers.Integral) \
             or not 1 <= n_neighbors < n:
         raise ValueError(f"n_neighbors: expected an int in [1, n_samples - 1 = {n - 1}], "
                          f"got {n_neighbors!r}")
-    return _aligned_neighbors(Xt, shape, int(n_neighbors), denoise, center, dev,
-                              dict(group=group, max_rotation=max_rotation,
-                                   n_rotations=n_rotations, refine=refine, reflection=reflection,
-                                   batch_size=batch_size, neighbor_search=neighbor_search),
-                              max_translation)
-
-
-def _aligned_neighbors(Xt, shape, k, denoise, center, dev, search_kw, max_translation):
-    """:func:`aligned_neighbors` on validated images ``Xt`` ``(n, C, H, W)``."""
-    from .kneighbors import InvariantKNeighborsTransformer
-
     if not isinstance(center, (bool, np.bool_)):
         raise TypeError(f"center: expected a bool, got {type(center).__name__}")
-    n = Xt.shape[0]
     search, search_shape, scale = Xt.reshape(n, -1).cpu().numpy(), shape, 1.0
     if denoise is not None:
         pca = _fitted_denoiser(denoise, Xt)
@@ -370,8 +359,9 @@ def _aligned_neighbors(Xt, shape, k, denoise, center, dev, search_kw, max_transl
     offsets = None
     if center:
         search, offsets = _centred(search, search_shape)
-    knn = InvariantKNeighborsTransformer(n_neighbors=k, max_translation=max_translation / scale,
-                                         image_shape=search_shape, device=dev, **search_kw)
+    knn = InvariantKNeighborsTransformer(n_neighbors=int(n_neighbors),
+                                         max_translation=max_translation / scale,
+                                         image_shape=search_shape, device=device, **search_kw)
     _, ind, tau = knn.fit(search).kneighbors(return_alignments=True)
     if offsets is not None:
         # T_(0, d_i) T_tau T_(0, -d_j): un-centre the image, centre the neighbour
@@ -383,6 +373,21 @@ def _aligned_neighbors(Xt, shape, k, denoise, center, dev, search_kw, max_transl
         tau = full[..., :tau.shape[-1]].astype(tau.dtype)  # (the mirror bit is kept as is)
     tau[..., 1:3] *= scale  # shifts on the denoised copy's pixels, in the input's
     return ind, tau
+
+
+def _one_step_average(Xt, ind, tau, batch_size=None):
+    """Each image of ``Xt`` ``(n, C, H, W)`` and its neighbours ``ind`` ``(n, k)``, warped onto
+    it by ``tau`` ``(n, k, 3 or 4)``, averaged with equal weights (the image itself at the
+    identity): the second half of :func:`class_averages`."""
+    from .neighbors import aligned_weighted_sum
+
+    n, dev = Xt.shape[0], Xt.device
+    idx = torch.cat([torch.arange(n)[:, None], torch.as_tensor(ind)], 1).to(dev)
+    tau = torch.as_tensor(tau, dtype=Xt.dtype, device=dev)
+    params = torch.cat([torch.zeros_like(tau[:, :1]), tau], 1)
+    W = torch.full(idx.shape, 1.0 / idx.shape[1], dtype=Xt.dtype, device=dev)
+    with torch.no_grad():
+        return aligned_weighted_sum(Xt, idx, params, W, batch_size=batch_size)
 
 
 def _centred(flat: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
