@@ -6,7 +6,9 @@ numba to keep the machine code on disk. :func:`import_cached` turns numba's cach
 compiled functions of the package's modules before anything is compiled, so that the cost is
 paid once per installation. numba writes the cache next to the package's sources, or, where that
 is read-only, in its user-wide cache directory (``NUMBA_CACHE_DIR`` overrides both); a function
-numba cannot cache (a closure, a dynamic global) is compiled per process as before. umap-learn's
+numba cannot cache (a closure, a dynamic global) is compiled per process as before, and so is a
+specialisation that takes another compiled function as an argument (see ``_FunctionSafeCache``).
+umap-learn's
 import-time warning that TensorFlow (for ParametricUMAP, unused here) is missing is silenced.
 """
 
@@ -17,6 +19,49 @@ import sys
 import warnings
 
 _PREPARED: set = set()
+
+
+def _passes_functions(sig) -> bool:
+    """Whether a numba signature (a tuple of argument types) holds a compiled function."""
+    from numba.core import types
+
+    stack = list(sig) if isinstance(sig, (tuple, list)) else [sig]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, (types.Dispatcher, types.Function, types.FunctionType)):
+            return True
+        if isinstance(t, types.BaseTuple):
+            stack.extend(t.types)
+    return False
+
+
+def _function_safe_cache(py_func):
+    """numba's on-disk ``FunctionCache`` of ``py_func``, without the specialisations that take a
+    compiled function as an argument.
+
+    Maintenance note: pynndescent passes its distance (a numba dispatcher) to five of its
+    functions (``generate_leaf_updates``, ``init_random``, ``init_rp_tree``,
+    ``process_candidates``, ``generate_graph_update_array``). numba keys a cache entry by the
+    argument types, and a dispatcher's type is the dispatcher object itself, which the next
+    process does not share: the entry never matched again, every process compiled those
+    functions anew and wrote one more file for each (129 copies each in this machine's
+    site-packages), and rewriting the grown index re-pickled dead dispatchers:
+    ``ReferenceError: underlying object has vanished`` from ``neighbor_search`` and
+    ``InvariantKNeighborsTransformer`` at 12,000 images in a fresh process. Those
+    specialisations are neither looked up nor saved; everything else is cached as before.
+    """
+    from numba.core.caching import FunctionCache
+
+    class _FunctionSafeCache(FunctionCache):
+        def load_overload(self, sig, target_context):
+            return None if _passes_functions(sig) else super().load_overload(sig,
+                                                                              target_context)
+
+        def save_overload(self, sig, data):
+            if not _passes_functions(sig):
+                super().save_overload(sig, data)
+
+    return _FunctionSafeCache(py_func)
 
 
 def _enable_numba_cache(package: str) -> int:
@@ -33,7 +78,7 @@ def _enable_numba_cache(package: str) -> int:
                     != "NullCache":
                 continue
             try:
-                obj.enable_caching()
+                obj._cache = _function_safe_cache(obj.py_func)
                 count += 1
             except Exception:  # noqa: BLE001 - numba refuses some functions: they stay uncached
                 continue
