@@ -200,6 +200,34 @@ def fuzzy_graph(index: np.ndarray, dist: np.ndarray, random_state=0, calibration
 _RESOLUTION_RANGE = (1e-4, 1e4)
 
 
+# Maintenance note (IGRAPH_LEIDEN_NOTE): the runs of Leiden on the whole graph are igraph's own
+# (``Graph.community_leiden``, C, modularity with a resolution: the same objective as
+# leidenalg's RBConfigurationVertexPartition, whose quality is 2m times igraph's), 2
+# iterations, seeded through a private ``random.Random``. On the union graph of the 70,000
+# Fashion-MNIST images (2.5 million weighted entries) a run took 1.4-1.5 s against 15 s for
+# leidenalg's optimiser, with the same 22 communities at resolution 1 and a higher quality
+# (684,381 / 683,964 against 682,079 / 681,649, seeds 0 / 1). leidenalg still merges
+# communities on aggregate graphs (milliseconds, see RESOLUTION_SEARCH_NOTE).
+_IGRAPH_ITERATIONS = 2
+
+
+def _igraph_leiden(net, resolution, random_state):
+    """Membership from igraph's Leiden (modularity at ``resolution``) seeded by
+    ``random_state``; igraph's process-wide random generator is restored afterwards."""
+    import random
+
+    import igraph as ig
+
+    ig.set_random_number_generator(random.Random(int(random_state)))
+    try:
+        clusters = net.community_leiden(objective_function="modularity", weights="weight",
+                                        resolution=float(resolution),
+                                        n_iterations=_IGRAPH_ITERATIONS)
+    finally:
+        ig.set_random_number_generator(random)
+    return list(clusters.membership)
+
+
 def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
     """Leiden (leidenalg, RB configuration model) on a weighted sparse graph.
 
@@ -219,12 +247,14 @@ def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
     optimiser.set_rng_seed(int(random_state))
 
     def run(resolution, finer=None):
-        """Leiden at ``resolution``: on the whole graph, or merging the communities of the
-        partition ``finer`` (on its aggregate graph). Returns ``(labels, partition)``."""
+        """Leiden at ``resolution``: on the whole graph (igraph's, see ``IGRAPH_LEIDEN_NOTE``),
+        or merging the communities of the partition ``finer`` (leidenalg on its aggregate
+        graph). Returns ``(labels, partition)``."""
         if finer is None:
+            membership = _igraph_leiden(net, resolution, random_state)
             part = la.RBConfigurationVertexPartition(net, weights="weight",
-                                                     resolution_parameter=resolution)
-            optimiser.optimise_partition(part, n_iterations=2)
+                                                     resolution_parameter=resolution,
+                                                     initial_membership=membership)
         else:
             coarse = finer.aggregate_partition()
             coarse.resolution_parameter = resolution
