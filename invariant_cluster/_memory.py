@@ -89,19 +89,36 @@ def use_approximate_shortlist(n_keys) -> bool:
     return int(n_keys) >= APPROXIMATE_MIN_KEYS
 
 
-# Maintenance note: two searches shortlist max(4 k, 64) keys even where the approximate search
-# finds them (``margin=False``): the larger approximate length (and the pass over the
-# neighbours' neighbours) make up for descriptors of NOISY samples, which
-# - the union's search of the converged means (graph="both") does not need, the means being
-#   denoised. On the 70,000 Fashion-MNIST means (+-15 degrees, 7 angles, +-1 px, k = 15): 64
-#   candidates 58 s against 85 s for 96, the means' graph as pure (0.7923 of its edges join one
-#   class, 0.7928 with 96) and 0.969 of its lists the same; 48 candidates: 52.5 s, 0.7918, 0.933;
-# - the kNN transformer does not need either, as it already shortlists for 2 k (see
-#   GRAPH_CANDIDATE_FACTOR). Fashion-MNIST train + test, k = 16, the transformer's grid, recall
-#   of the exact top-15 on 500 queries: 20,000 images 128 candidates 29.6 s, 0.992, against 192
-#   candidates (max(6 x 32, 96)) 51.6 s, 0.997 (96: 24.5 s, 0.988); 70,000 images 128
-#   candidates 0.970, and the whole fit_transform 176 s in one run, 187 s in bench_scaling's,
-#   against 219 s with 192.
+# Maintenance note: the kNN transformer shortlists max(4 k, 64) keys even where the approximate
+# search finds them (``margin=False``): the larger approximate length (and the pass over the
+# neighbours' neighbours) make up for descriptors of NOISY samples, which the transformer does
+# not need, as it already shortlists for 2 k (see GRAPH_CANDIDATE_FACTOR). Fashion-MNIST train +
+# test, k = 16, the transformer's grid, recall of the exact top-15 on 500 queries: 20,000 images
+# 128 candidates 29.6 s, 0.992, against 192 candidates (max(6 x 32, 96)) 51.6 s, 0.997 (96:
+# 24.5 s, 0.988); 70,000 images 128 candidates 0.970, and the whole fit_transform 176 s in one
+# run, 187 s in bench_scaling's, against 219 s with 192. (The union's search of the converged
+# means took max(4 k, 64) too: 64 candidates 58 s against 85 s for 96 on the 70,000
+# Fashion-MNIST means, as pure, 0.7923 against 0.7928; now fewer, see
+# MEANS_CANDIDATES_PER_NEIGHBOR.)
+
+
+# Maintenance note: the union's search of the converged means (graph="both", cluster.
+# _search_means) shortlists max(2 k, 32) keys. On the 70,000 Fashion-MNIST means (+-15 degrees,
+# 7 angles, +-1 px, k = 15; 500 means checked against every mean) 32 candidates took 29.7 s
+# against 48.8 s for 64, keep 0.818 of the exact top-15 against 0.915, and the means' graph is as
+# pure (0.7903 of its edges join one class, 0.7923 with 64; 48: 0.7918); Leiden on the union
+# (seeds 0-2) ACC 0.626 / 0.650 / 0.649 against 0.658 / 0.638 / 0.664, NMI 0.656-0.665 against
+# 0.659-0.670 (Leiden's seed moves ACC by as much).
+MEANS_CANDIDATES_PER_NEIGHBOR = 2
+MEANS_MIN_CANDIDATES = 32
+
+
+def default_means_candidates(k, n_keys) -> int:
+    """The shortlist length of the union's search of the converged means:
+    ``max(2 k, 32)``, at most ``n_keys``."""
+    return int(min(n_keys, max(MEANS_CANDIDATES_PER_NEIGHBOR * int(k), MEANS_MIN_CANDIDATES)))
+
+
 def default_n_candidates(k, n_keys, *, margin=True) -> int:
     """The shortlist length used when none is given: ``max(4 k, 64)``, at most ``n_keys``;
     ``max(6 k, 96)`` where the approximate search finds the shortlist and ``margin``."""

@@ -504,13 +504,13 @@ def _search_means(M, grid, k, *, neighbor_search="auto", n_candidates=None, batc
     The estimator's kNN search without the pass over the neighbours' neighbours (it lifts the
     recall of the noisy samples' graph, 20-30 s at 70,000 images; the means' graph only adds
     edges to the union, see ``_memory.HOP_NEIGHBORS``) and, with ``n_candidates=None``, the
-    shortlist without the approximate search's margin
-    (``_memory.default_n_candidates(k, n, margin=False)``: the means are denoised).
+    shortlist of ``_memory.default_means_candidates(k, n)``, ``max(2 k, 32)`` keys (the means
+    are denoised: their graph is as pure with half the samples' shortlist).
     ``benchmarks/bench_noise.py`` runs this same search for its union rows.
     """
     n = M.shape[0]
     if n_candidates is None:
-        n_candidates = _memory.default_n_candidates(k, n, margin=False)
+        n_candidates = _memory.default_means_candidates(k, n)
     D, idx, _ = knn_search(M, M, grid, k, method=neighbor_search, n_candidates=n_candidates,
                            batch_size=batch_size, exclude=torch.arange(n, device=M.device),
                            client=client, hops=0)

@@ -260,3 +260,50 @@ def test_layout_of_a_graph_in_many_parts_starts_at_random(monkeypatch, n_pairs):
     labels = _cluster_embedding(emb, 7, 0)
     assert len(np.unique(labels)) == 7
     assert np.mean(labels[0::2] == labels[1::2]) >= 0.95
+
+
+@pytest.mark.parametrize("n, k, subset", [(40, 3, False), (300, 7, True), (1000, 15, True)])
+def test_two_hop_candidates_are_the_distinct_keys_within_two_hops(n, k, subset):
+    from invariant_cluster._grouping import two_hop_candidates
+
+    rng = np.random.default_rng(n)
+    # a kNN-like graph: each row k distinct keys other than itself
+    index = np.stack([rng.choice(np.delete(np.arange(n), i), k, replace=False)
+                      for i in range(n)])
+    rows = np.sort(rng.choice(n, n // 3, replace=False)) if subset else np.arange(n)
+    out = two_hop_candidates(torch.as_tensor(index),
+                             torch.as_tensor(rows) if subset else None).numpy()
+    want = [(set(index[i]) | set(index[index[i]].ravel())) - {i} for i in rows]
+    assert out.shape == (len(rows), max(len(w) for w in want))
+    for row, i, w in zip(out, rows, want):
+        keys = row[row != i]
+        assert len(keys) == len(set(keys)) == len(w) and set(keys) == w
+
+
+def test_leiden_is_seeded_whatever_igraphs_generator_did():
+    import random
+
+    import igraph as ig
+    from scipy.sparse import csr_matrix
+
+    from invariant_cluster._grouping import leiden
+
+    # four cliques of 25 joined by a few weak edges
+    rng = np.random.default_rng(0)
+    n = 100
+    block = np.arange(n) // 25
+    W = (block[:, None] == block[None, :]) * rng.uniform(0.5, 1.0, (n, n))
+    W += (rng.random((n, n)) < 0.02) * 0.05
+    W = np.triu(W, 1)
+    G = csr_matrix(W + W.T)
+    first = leiden(G, 4, random_state=3)
+    assert adjusted_rand_score(block, first) == 1.0
+    # the same seed, the same partition, whatever igraph's process-wide generator is
+    random.seed(12345)
+    ig.set_random_number_generator(random.Random(7))
+    try:
+        again = leiden(G, None, random_state=3)
+        assert np.array_equal(again, leiden(G, None, random_state=3))
+        assert adjusted_rand_score(block, again) == 1.0
+    finally:
+        ig.set_random_number_generator(random)

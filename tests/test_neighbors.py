@@ -308,6 +308,13 @@ class TestNeighborSearch:
         assert default_n_candidates(4, 70_000, margin=False) == 64
         assert default_n_candidates(4, 50, margin=False) == 50
 
+    def test_default_means_candidates(self):
+        from invariant_cluster._memory import default_means_candidates
+
+        assert default_means_candidates(15, 70_000) == 32
+        assert default_means_candidates(32, 70_000) == 64
+        assert default_means_candidates(15, 20) == 20
+
 
 class TestAlignedWeightedSum:
     def test_equals_pair_by_pair(self):
