@@ -76,7 +76,7 @@ def purity(index, y) -> float:
     return float((y[index] == y[:, None]).mean())
 
 
-def stages(X, seed):
+def stages(X, seed, compare_candidates=None):
     """The estimator's stages run once: search, calibration, iteration, means' graph."""
     import torch
 
@@ -115,6 +115,13 @@ def stages(X, seed):
         t0 = time.perf_counter()
         Df, idx_f = _search_means(M, grid, K)
         out["t_means_search"] = time.perf_counter() - t0
+        if compare_candidates:
+            # the same search with the earlier shortlist length, for the comparison row
+            t0 = time.perf_counter()
+            Dc, idx_c = _search_means(M, grid, K, n_candidates=compare_candidates)
+            out["t_means_search_compare"] = time.perf_counter() - t0
+            out.update(idx_c=idx_c.numpy(),
+                       dist_c=Dc.clamp(min=0).sqrt().numpy().astype(np.float64))
     out.update(idx=idx.numpy(), dist=dist.numpy().astype(np.float64), M=M.reshape(n, -1).numpy(),
                avg=avg.numpy(), idx_m=idx_m.numpy(),
                dist_m=Dm.clamp(min=0).sqrt().numpy().astype(np.float64), idx_f=idx_f.numpy(),
@@ -202,7 +209,7 @@ def run(args):
     for sigma in args.sigmas:
         for seed in args.seeds:
             X, Xc, y = noisy(args.n, sigma, seed, args.data)
-            st = stages(X, seed)
+            st = stages(X, seed, args.compare_means_candidates)
             info = {"sigma": sigma, "seed": seed, "n": args.n,
                     "purity_samples": purity(st["idx"], y),
                     "purity_means": purity(st["idx_m"], y),
@@ -244,6 +251,17 @@ def run_estimator(X, y, sigma, seed, args, st):
             **scores(y, labels), "seconds": t_m + time.perf_counter() - t0,
             "graph_used": used, "shared_edges": shared_edges(st["idx"], st["idx_m"])}]
     print_table(out[-1:], ["sigma", "seed", "method", "acc", "nmi", "seconds", "graph_used"])
+    if "idx_c" in st and used == "both":
+        t0 = time.perf_counter()
+        labels, _ = group(st["idx"], st["dist"], st["idx_c"], st["dist_c"], 10, used, "leiden",
+                          seed)
+        c = args.compare_means_candidates
+        out.append({"sigma": sigma, "seed": seed, "n": args.n,
+                    "method": f"estimator (default grouping, means' shortlist {c})",
+                    **scores(y, labels), "seconds": t_m - st["t_means_search"]
+                    + st["t_means_search_compare"] + time.perf_counter() - t0,
+                    "graph_used": used})
+        print_table(out[-1:], ["sigma", "seed", "method", "acc", "nmi", "seconds"])
     if sigma == 0 and args.fits:
         for n_clusters in (10, None):
             est = InvariantAttentionClusterer(n_clusters=n_clusters, random_state=seed, **SEARCH)
@@ -293,6 +311,9 @@ def main(argv=None):
     p.add_argument("--no-estimator", dest="estimator", action="store_false")
     p.add_argument("--no-fits", dest="fits", action="store_false",
                    help="skip the whole fits (n_clusters=None, predict) on the clean row")
+    p.add_argument("--compare-means-candidates", type=int, default=None, metavar="C",
+                   help="also group the union with the means' graph searched with a shortlist "
+                        "of C (a row of its own, where the union is chosen)")
     p.add_argument("--data", default=None)
     p.add_argument("--note", default="", help="what else ran on the machine (load)")
     p.add_argument("--out", default=None)
