@@ -504,8 +504,8 @@ def _search_means(M, grid, k, *, neighbor_search="auto", n_candidates=None, batc
     The estimator's kNN search without the pass over the neighbours' neighbours (it lifts the
     recall of the noisy samples' graph, 20-30 s at 70,000 images; the means' graph only adds
     edges to the union, see ``_memory.HOP_NEIGHBORS``) and, with ``n_candidates=None``, the
-    shortlist of ``_memory.default_means_candidates(k, n)``, ``max(2 k, 32)`` keys (the means
-    are denoised: their graph is as pure with half the samples' shortlist).
+    shortlist of ``_memory.default_means_candidates(k, n)``, ``max(4 k, 64)`` keys (the means
+    are denoised; half of that lost on noisy digits, see the note there).
     ``benchmarks/bench_noise.py`` runs this same search for its union rows.
     """
     n = M.shape[0]

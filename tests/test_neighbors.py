@@ -311,8 +311,8 @@ class TestNeighborSearch:
     def test_default_means_candidates(self):
         from invariant_cluster._memory import default_means_candidates
 
-        assert default_means_candidates(15, 70_000) == 32
-        assert default_means_candidates(32, 70_000) == 64
+        assert default_means_candidates(15, 70_000) == 64
+        assert default_means_candidates(32, 70_000) == 128
         assert default_means_candidates(15, 20) == 20
 
 
