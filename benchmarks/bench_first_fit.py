@@ -8,6 +8,13 @@ scikit-learn's digits in fresh Python processes: twice with the cache switched o
 the compilation), then twice with it on (the first may fill the cache, the second reads it),
 and checks that no "Tensorflow not installed" warning reaches standard error.
 
+From 10,000 keys on, the kNN search builds a pynndescent index, whose NN-descent is compiled on
+first use. It takes its distance as an argument; given as a numba dispatcher that cannot be
+cached, so ``import_cached`` passes it as a function pointer of the same code
+(``_third_party._route_distance_by_pointer``). The second part builds the approximate
+shortlist of 12,000 random descriptors (3 copies each) twice in each of four fresh processes:
+two without that route, two with it.
+
     python benchmarks/bench_first_fit.py
 
 Writes ``benchmarks/results/first_fit.json``.
@@ -40,6 +47,25 @@ print(json.dumps({"import_s": t1 - t0, "fit_s": time.perf_counter() - t1}))
 """
 
 
+SHORTLIST_CHILD = r"""
+import json, sys, time
+if sys.argv[1] == "off":
+    import invariant_cluster._third_party as tp
+    tp._route_distance_by_pointer = lambda: False
+import torch
+from invariant_cluster.search.approximate import approximate_shortlist
+X = torch.rand(12000, 3, 64, generator=torch.Generator().manual_seed(0))
+times, out = [], []
+for _ in range(2):
+    t = time.perf_counter()
+    out.append(approximate_shortlist(X, X, 64, exclude=torch.arange(12000)))
+    times.append(time.perf_counter() - t)
+print(json.dumps({"first_s": times[0], "second_s": times[1],
+                  "same_shortlist": bool(torch.equal(out[0], out[1])),
+                  "checksum": int(out[0].sum())}))
+"""
+
+
 def main():
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -52,7 +78,17 @@ def main():
                "loadavg": os.getloadavg()}
         rows.append(row)
         print_table(rows[-1:], ["numba_cache", "import_s", "fit_s", "tensorflow_warning"])
+    shortlist_rows = []
+    for route in ("off", "off", "on", "on"):
+        p = subprocess.run([sys.executable, "-c", SHORTLIST_CHILD, route], capture_output=True,
+                           text=True, env=env, check=True)
+        row = {"stage": "approximate shortlist, 12,000 keys x 3 copies", "pointer_route": route,
+               **json.loads(p.stdout.strip().splitlines()[-1]), "loadavg": os.getloadavg()}
+        shortlist_rows.append(row)
+        print_table(shortlist_rows[-1:], ["pointer_route", "first_s", "second_s",
+                                          "same_shortlist", "checksum"])
     write_json({"benchmark": "first_fit", "env": environment(), "rows": rows,
+                "shortlist_rows": shortlist_rows,
                 "note": "fresh processes in this order; a shared machine makes the times noisy"},
                RESULTS / "first_fit.json")
 

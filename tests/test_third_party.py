@@ -31,15 +31,25 @@ def apply(f, x):
 @numba.njit
 def plain(x):
     return x.sum()
+
+
+@numba.njit
+def apply_pointer(f, x):
+    return f(x, x + 1.0)
+
+
+# the distance as a function pointer: its type is its signature, the same in every process
+pointer = numba.cfunc("float64(float64[::1], float64[::1])")(dist.py_func)
 '''
 
 _RUN = '''
 import numpy as np
 import fakepkg
 from invariant_cluster._third_party import _enable_numba_cache
-assert _enable_numba_cache("fakepkg") == 3
+assert _enable_numba_cache("fakepkg") == 4
 x = np.arange(4.0)
-print(fakepkg.apply(fakepkg.dist, x), fakepkg.plain(x))
+print(fakepkg.apply(fakepkg.dist, x), fakepkg.plain(x), fakepkg.apply_pointer(fakepkg.pointer, x),
+      fakepkg.apply_pointer.stats.cache_hits[fakepkg.apply_pointer.signatures[0]])
 '''
 
 
@@ -54,6 +64,9 @@ def test_passes_functions_finds_dispatchers_in_tuples():
     assert _passes_functions((arr, typeof(f)))
     assert _passes_functions((types.Tuple((arr, typeof(f))), arr))
     assert not _passes_functions((arr, types.int64, types.Tuple((arr, arr))))
+    # a function pointer's type is its signature: cacheable
+    pointer = types.FunctionType(types.float64(arr, arr))
+    assert not _passes_functions((arr, pointer))
 
 
 def test_cache_skips_specialisations_that_take_functions(tmp_path):
@@ -73,7 +86,40 @@ def test_cache_skips_specialisations_that_take_functions(tmp_path):
         assert out.returncode == 0, out.stderr
         outputs.append(out.stdout.split())
         counts.append(sorted(p.name for p in cache.rglob("*.nbc")))
-    assert outputs == [["4.0", "6.0"]] * 3
+    # the pointer-taking function is compiled in the first process, loaded in the next two
+    assert outputs == [["4.0", "6.0", "4.0", "0"], ["4.0", "6.0", "4.0", "1"],
+                       ["4.0", "6.0", "4.0", "1"]]
     assert counts[0] == counts[1] == counts[2]
     assert any("plain" in name for name in counts[0])
-    assert not any("apply" in name for name in counts[0])
+    assert any("apply_pointer" in name for name in counts[0])
+    assert not any(".apply-" in name for name in counts[0])
+
+
+@pytest.mark.filterwarnings("error::numba.NumbaWarning")
+@pytest.mark.parametrize("n, d, seed", [(600, 16, 0), (1500, 40, 1)])
+def test_nn_descent_by_pointer_builds_the_same_index(n, d, seed):
+    """pynndescent's NN-descent given its squared Euclidean distance as a function pointer
+    (cacheable) builds the same graph, bit for bit, as given the dispatcher (compiled in every
+    process), and answers queries the same."""
+    from invariant_cluster._third_party import import_cached
+
+    pynndescent = import_cached("pynndescent")
+    pnn = sys.modules["pynndescent.pynndescent_"]
+    routed = pnn.nn_descent
+    assert getattr(routed, "_invariant_cluster_route", False)
+    X = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    graphs = []
+    try:
+        for build in (routed, routed.original):
+            pnn.nn_descent = build
+            index = pynndescent.NNDescent(X, n_neighbors=10, random_state=seed, n_jobs=1,
+                                          low_memory=True)
+            graphs.append((*index.neighbor_graph, *index.query(X[:50], k=12, epsilon=0.1)))
+    finally:
+        pnn.nn_descent = routed
+    for a, b in zip(*graphs):
+        np.testing.assert_array_equal(a, b)
+    # the routed specialisations take the pointer, a cacheable type
+    sigs = [sig for sig in pnn.init_random.signatures
+            if any(isinstance(t, numba.core.types.FunctionType) for t in sig)]
+    assert sigs and not any(_passes_functions(sig) for sig in sigs)
