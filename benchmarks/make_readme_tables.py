@@ -373,7 +373,23 @@ def table_generic(r):
     return md_table(["key", "value"], scalars, ["l", "r"]) if scalars else "(no table)"
 
 
+def table_first_fit(r):
+    t = md_table(["numba cache", "import (s)", "fit of 300 digits (s)", "TensorFlow warning"],
+                 [[x["numba_cache"], x["import_s"], x["fit_s"], x["tensorflow_warning"]]
+                  for x in r["rows"]])
+    rows = r.get("shortlist_rows")
+    if rows:
+        t += ("\n\nApproximate shortlist of 12,000 keys x 3 copies (pynndescent's index), "
+              "first and second call in each fresh process:\n\n" + md_table(
+                  ["distance as a function pointer", "first call (s)", "second call (s)",
+                   "same shortlist", "checksum"],
+                  [[x["pointer_route"], x["first_s"], x["second_s"], x["same_shortlist"],
+                    str(x["checksum"])] for x in rows]))
+    return t
+
+
 FORMATTERS = {
+    "first_fit": table_first_fit,
     "clustering": table_clustering,
     "alignment": table_alignment,
     "scaling": table_scaling,
