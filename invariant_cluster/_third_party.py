@@ -7,8 +7,9 @@ compiled functions of the package's modules before anything is compiled, so that
 paid once per installation. numba writes the cache next to the package's sources, or, where that
 is read-only, in its user-wide cache directory (``NUMBA_CACHE_DIR`` overrides both); a function
 numba cannot cache (a closure, a dynamic global) is compiled per process as before, and so is a
-specialisation that takes another compiled function as an argument (see ``_FunctionSafeCache``).
-umap-learn's
+specialisation that takes another compiled function as an argument (see ``_FunctionSafeCache``);
+pynndescent's NN-descent therefore gets its distance as a function pointer, which can be cached
+(see ``_route_distance_by_pointer``). umap-learn's
 import-time warning that TensorFlow (for ParametricUMAP, unused here) is missing is silenced.
 """
 
