@@ -62,7 +62,8 @@ def _function_safe_cache(py_func):
 
         def save_overload(self, sig, data):
             # numba cannot keep code that embeds this process's addresses ("dynamic
-            # globals": pynndescent's nn_descent and nn_descent_internal) and would warn
+            # globals": pynndescent's nn_descent and nn_descent_internal, which call
+            # numba.get_num_threads() inside compiled code) and would warn
             if _passes_functions(sig) or getattr(getattr(data, "library", None),
                                                  "has_dynamic_globals", False):
                 return
