@@ -96,24 +96,30 @@ def test_cache_skips_specialisations_that_take_functions(tmp_path):
 
 
 @pytest.mark.filterwarnings("error::numba.NumbaWarning")
-@pytest.mark.parametrize("n, d, seed", [(600, 16, 0), (1500, 40, 1)])
-def test_nn_descent_by_pointer_builds_the_same_index(n, d, seed):
+@pytest.mark.parametrize("n, d, seed, init", [(600, 16, 0, False), (1500, 40, 1, False),
+                                              (800, 24, 2, True)])
+def test_nn_descent_by_pointer_builds_the_same_index(n, d, seed, init):
     """pynndescent's NN-descent given its squared Euclidean distance as a function pointer
-    (cacheable) builds the same graph, bit for bit, as given the dispatcher (compiled in every
-    process), and answers queries the same."""
+    (cacheable), its outer loop run from Python, builds the same graph, bit for bit, as
+    pynndescent's own compiled ``nn_descent`` given the dispatcher (compiled in every process),
+    and answers queries the same."""
     from invariant_cluster._third_party import import_cached
 
     pynndescent = import_cached("pynndescent")
     pnn = sys.modules["pynndescent.pynndescent_"]
     routed = pnn.nn_descent
     assert getattr(routed, "_invariant_cluster_route", False)
-    X = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    assert routed.driver is not None  # the outer loop runs from Python on this pynndescent
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d)).astype(np.float32)
+    # a given initial graph (random neighbours) takes the other branch of nn_descent
+    start = rng.integers(0, n, (n, 10)) if init else None
     graphs = []
     try:
         for build in (routed, routed.original):
             pnn.nn_descent = build
             index = pynndescent.NNDescent(X, n_neighbors=10, random_state=seed, n_jobs=1,
-                                          low_memory=True)
+                                          low_memory=True, init_graph=start)
             graphs.append((*index.neighbor_graph, *index.query(X[:50], k=12, epsilon=0.1)))
     finally:
         pnn.nn_descent = routed
