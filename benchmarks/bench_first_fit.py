@@ -11,9 +11,10 @@ and checks that no "Tensorflow not installed" warning reaches standard error.
 From 10,000 keys on, the kNN search builds a pynndescent index, whose NN-descent is compiled on
 first use. It takes its distance as an argument; given as a numba dispatcher that cannot be
 cached, so ``import_cached`` passes it as a function pointer of the same code
-(``_third_party._route_distance_by_pointer``). The second part builds the approximate
-shortlist of 12,000 random descriptors (3 copies each) twice in each of four fresh processes:
-two without that route, two with it.
+(``_third_party._route_distance_by_pointer``), and runs NN-descent's outer loop, which numba
+cannot cache, from Python. The second part builds the approximate shortlist of 12,000 random
+descriptors (3 copies each) twice in each of four fresh processes: two without that route, two
+with it.
 
     python benchmarks/bench_first_fit.py
 
@@ -53,14 +54,25 @@ if sys.argv[1] == "off":
     import invariant_cluster._third_party as tp
     tp._route_distance_by_pointer = lambda: False
 import torch
-from invariant_cluster.search.approximate import approximate_shortlist
+import invariant_cluster.search.approximate as approximate
+queries = []
+distinct_keys = approximate._distinct_keys
+def timed_queries(*args, **kwargs):  # pynndescent's graph queries, timed apart
+    t = time.perf_counter()
+    try:
+        return distinct_keys(*args, **kwargs)
+    finally:
+        queries[-1] += time.perf_counter() - t
+approximate._distinct_keys = timed_queries
 X = torch.rand(12000, 3, 64, generator=torch.Generator().manual_seed(0))
 times, out = [], []
 for _ in range(2):
+    queries.append(0.0)
     t = time.perf_counter()
-    out.append(approximate_shortlist(X, X, 64, exclude=torch.arange(12000)))
+    out.append(approximate.approximate_shortlist(X, X, 64, exclude=torch.arange(12000)))
     times.append(time.perf_counter() - t)
 print(json.dumps({"first_s": times[0], "second_s": times[1],
+                  "first_queries_s": queries[0], "second_queries_s": queries[1],
                   "same_shortlist": bool(torch.equal(out[0], out[1])),
                   "checksum": int(out[0].sum())}))
 """
@@ -85,8 +97,8 @@ def main():
         row = {"stage": "approximate shortlist, 12,000 keys x 3 copies", "pointer_route": route,
                **json.loads(p.stdout.strip().splitlines()[-1]), "loadavg": os.getloadavg()}
         shortlist_rows.append(row)
-        print_table(shortlist_rows[-1:], ["pointer_route", "first_s", "second_s",
-                                          "same_shortlist", "checksum"])
+        print_table(shortlist_rows[-1:], ["pointer_route", "first_s", "first_queries_s",
+                                          "second_s", "second_queries_s", "same_shortlist"])
     write_json({"benchmark": "first_fit", "env": environment(), "rows": rows,
                 "shortlist_rows": shortlist_rows,
                 "note": "fresh processes in this order; a shared machine makes the times noisy"},

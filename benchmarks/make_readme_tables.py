@@ -381,10 +381,12 @@ def table_first_fit(r):
     if rows:
         t += ("\n\nApproximate shortlist of 12,000 keys x 3 copies (pynndescent's index), "
               "first and second call in each fresh process:\n\n" + md_table(
-                  ["distance as a function pointer", "first call (s)", "second call (s)",
+                  ["distance by pointer, loop from Python", "first call (s)",
+                   "of which queries", "second call (s)", "of which queries",
                    "same shortlist", "checksum"],
-                  [[x["pointer_route"], x["first_s"], x["second_s"], x["same_shortlist"],
-                    str(x["checksum"])] for x in rows]))
+                  [[x["pointer_route"], x["first_s"], x.get("first_queries_s"), x["second_s"],
+                    x.get("second_queries_s"), x["same_shortlist"], str(x["checksum"])]
+                   for x in rows]))
     return t
 
 
