@@ -146,6 +146,11 @@ def _route_distance_by_pointer() -> bool:
     py_func = getattr(target, "py_func", None)
     if current is None or py_func is None:
         return False
+    driver = _python_nn_descent(pnn)
+    if driver is None:
+        # another layout of pynndescent: left as it is (where its main loop calls ``dist``
+        # itself, a pointer would cost an indirect call per distance)
+        return False
     try:
         import numba
         from numba import types
@@ -157,8 +162,6 @@ def _route_distance_by_pointer() -> bool:
     except Exception:  # noqa: BLE001 - an older numba or another source: leave it as it is
         return False
 
-    driver = _python_nn_descent(pnn)
-
     def nn_descent(*args, **kwargs):
         if len(args) > 4 and args[4] is target:
             args = args[:4] + (pointer,) + args[5:]
@@ -166,7 +169,7 @@ def _route_distance_by_pointer() -> bool:
             kwargs["dist"] = pointer
         else:
             return current(*args, **kwargs)
-        return (driver or current)(*args, **kwargs)
+        return driver(*args, **kwargs)
 
     nn_descent._invariant_cluster_route = True
     nn_descent.original = current
