@@ -14,7 +14,8 @@ cached, so ``import_cached`` passes it as a function pointer of the same code
 (``_third_party._route_distance_by_pointer``), and runs NN-descent's outer loop, which numba
 cannot cache, from Python. The second part builds the approximate shortlist of 12,000 random
 descriptors (3 copies each) twice in each of four fresh processes: two without that route, two
-with it.
+with it. Where Fashion-MNIST train + test is installed, it then fits 10,000 of its images twice
+in a fresh process without the route and in one with it.
 
     python benchmarks/bench_first_fit.py
 
@@ -78,6 +79,39 @@ print(json.dumps({"first_s": times[0], "second_s": times[1],
 """
 
 
+FIT_CHILD = r"""
+import json, sys, time
+import numpy as np
+if sys.argv[1] == "off":
+    import invariant_cluster._third_party as tp
+    tp._route_distance_by_pointer = lambda: False
+from invariant_cluster import InvariantAttentionClusterer
+from invariant_cluster.datasets import load_fashion_mnist
+X, _ = load_fashion_mnist(split="all", return_X_y=True)
+times, labels = [], []
+for _ in range(2):
+    t = time.perf_counter()
+    est = InvariantAttentionClusterer(n_clusters=10, max_rotation=15, n_rotations=7,
+                                      max_translation=1, random_state=0).fit(X[:10000])
+    times.append(time.perf_counter() - t)
+    labels.append(est.labels_)
+print(json.dumps({"first_fit_s": times[0], "second_fit_s": times[1],
+                  "same_labels": bool((labels[0] == labels[1]).all()),
+                  # the same partition in every process: a position-weighted sum of the labels
+                  "labels_checksum": int((labels[0] * (1 + np.arange(labels[0].size))).sum())}))
+"""
+
+
+def fashion_available():
+    try:
+        from invariant_cluster.datasets import load_fashion_mnist
+
+        load_fashion_mnist(split="all", return_X_y=True)
+        return True
+    except Exception:  # noqa: BLE001 - the larger part needs Debian's dataset-fashion-mnist
+        return False
+
+
 def main():
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -99,8 +133,22 @@ def main():
         shortlist_rows.append(row)
         print_table(shortlist_rows[-1:], ["pointer_route", "first_s", "first_queries_s",
                                           "second_s", "second_queries_s", "same_shortlist"])
+    fit_rows = []
+    if fashion_available():
+        for route in ("off", "on"):
+            p = subprocess.run([sys.executable, "-c", FIT_CHILD, route], capture_output=True,
+                               text=True, env=env, check=True)
+            row = {"fit": "10,000 Fashion-MNIST images, the scaling benchmark's parameters",
+                   "pointer_route": route, **json.loads(p.stdout.strip().splitlines()[-1]),
+                   "loadavg": os.getloadavg()}
+            fit_rows.append(row)
+            print_table(fit_rows[-1:], ["pointer_route", "first_fit_s", "second_fit_s",
+                                        "same_labels", "labels_checksum"])
+    else:
+        print("Fashion-MNIST train + test not found (apt-get install dataset-fashion-mnist): "
+              "the 10,000-image fits are left out")
     write_json({"benchmark": "first_fit", "env": environment(), "rows": rows,
-                "shortlist_rows": shortlist_rows,
+                "shortlist_rows": shortlist_rows, "fit_rows": fit_rows,
                 "note": "fresh processes in this order; a shared machine makes the times noisy"},
                RESULTS / "first_fit.json")
 
