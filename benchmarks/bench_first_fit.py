@@ -49,11 +49,16 @@ print(json.dumps({"import_s": t1 - t0, "fit_s": time.perf_counter() - t1}))
 """
 
 
-SHORTLIST_CHILD = r"""
-import json, sys, time
+# the children below run without the function-pointer route when given "off"
+NO_ROUTE = r"""
+import sys
 if sys.argv[1] == "off":
     import invariant_cluster._third_party as tp
     tp._route_distance_by_pointer = lambda: False
+"""
+
+SHORTLIST_CHILD = NO_ROUTE + r"""
+import json, time
 import torch
 import invariant_cluster.search.approximate as approximate
 queries = []
@@ -79,12 +84,9 @@ print(json.dumps({"first_s": times[0], "second_s": times[1],
 """
 
 
-FIT_CHILD = r"""
-import json, sys, time
+FIT_CHILD = NO_ROUTE + r"""
+import json, time
 import numpy as np
-if sys.argv[1] == "off":
-    import invariant_cluster._third_party as tp
-    tp._route_distance_by_pointer = lambda: False
 from invariant_cluster import InvariantAttentionClusterer
 from invariant_cluster.datasets import load_fashion_mnist
 X, _ = load_fashion_mnist(split="all", return_X_y=True)
@@ -112,34 +114,36 @@ def fashion_available():
         return False
 
 
+def run_child(code, arg, env):
+    """Run ``code`` in a fresh Python with ``arg``: (its last line of JSON, its stderr)."""
+    p = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True,
+                       env=env, check=True)
+    return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
+
+
 def main():
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     rows = []
     for cache in ("off", "off", "on", "on"):
-        p = subprocess.run([sys.executable, "-c", CHILD, cache], capture_output=True, text=True,
-                           env=env, check=True)
-        row = {"numba_cache": cache, **json.loads(p.stdout.strip().splitlines()[-1]),
-               "tensorflow_warning": "Tensorflow not installed" in p.stderr,
+        out, err = run_child(CHILD, cache, env)
+        row = {"numba_cache": cache, **out,
+               "tensorflow_warning": "Tensorflow not installed" in err,
                "loadavg": os.getloadavg()}
         rows.append(row)
         print_table(rows[-1:], ["numba_cache", "import_s", "fit_s", "tensorflow_warning"])
     shortlist_rows = []
     for route in ("off", "off", "on", "on"):
-        p = subprocess.run([sys.executable, "-c", SHORTLIST_CHILD, route], capture_output=True,
-                           text=True, env=env, check=True)
         row = {"stage": "approximate shortlist, 12,000 keys x 3 copies", "pointer_route": route,
-               **json.loads(p.stdout.strip().splitlines()[-1]), "loadavg": os.getloadavg()}
+               **run_child(SHORTLIST_CHILD, route, env)[0], "loadavg": os.getloadavg()}
         shortlist_rows.append(row)
         print_table(shortlist_rows[-1:], ["pointer_route", "first_s", "first_queries_s",
                                           "second_s", "second_queries_s", "same_shortlist"])
     fit_rows = []
     if fashion_available():
         for route in ("off", "on"):
-            p = subprocess.run([sys.executable, "-c", FIT_CHILD, route], capture_output=True,
-                               text=True, env=env, check=True)
             row = {"fit": "10,000 Fashion-MNIST images, the scaling benchmark's parameters",
-                   "pointer_route": route, **json.loads(p.stdout.strip().splitlines()[-1]),
+                   "pointer_route": route, **run_child(FIT_CHILD, route, env)[0],
                    "loadavg": os.getloadavg()}
             fit_rows.append(row)
             print_table(fit_rows[-1:], ["pointer_route", "first_fit_s", "second_fit_s",

@@ -112,11 +112,6 @@ def import_cached(package: str):
     return module
 
 
-# The signature pynndescent's NN-descent calls its squared Euclidean distance with: two rows of
-# a C-contiguous float32 matrix; the distance sums in float32 (its ``locals``).
-_ROW = "array(float32, 1d, C)"
-
-
 def _route_distance_by_pointer() -> bool:
     """Pass pynndescent's squared Euclidean distance to its NN-descent as a function pointer
     (a numba ``cfunc`` of the same source, flags and local types) instead of as a dispatcher;
@@ -132,8 +127,9 @@ def _route_distance_by_pointer() -> bool:
     initialisations with the same arithmetic (tests/test_third_party.py compares the graphs).
     Any other distance, or a pynndescent without these names, is passed on untouched. The two
     outer functions, which numba cannot cache at all, run from Python (:func:`_python_nn_descent`):
-    a fresh process then compiles nothing (12,000 x 3 random copies: 10-12 s first, 9 s after,
-    against 19-21 s and 6-9 s).
+    a fresh process then compiles nothing (12,000 x 3 random copies, benchmarks/
+    bench_first_fit.py: first call 10.0-10.1 s against 20.2-21.8 s, second calls 6.3-7.6 s
+    either way).
     """
     pnn = sys.modules.get("pynndescent.pynndescent_")
     dists = sys.modules.get("pynndescent.distances")
@@ -155,6 +151,8 @@ def _route_distance_by_pointer() -> bool:
         import numba
         from numba import types
 
+        # pynndescent calls it with two rows of a C-contiguous float32 matrix; it sums in
+        # float32 (its ``locals``)
         row = types.Array(types.float32, 1, "C")
         pointer = numba.cfunc(types.float32(row, row), fastmath=True, cache=True,
                               locals={"result": types.float32, "diff": types.float32,
@@ -173,11 +171,9 @@ def _route_distance_by_pointer() -> bool:
 
     nn_descent._invariant_cluster_route = True
     nn_descent.original = current
-    nn_descent.pointer = pointer
     nn_descent.driver = driver
     pnn.nn_descent = nn_descent
     return True
-
 
 
 # the parameters of pynndescent's compiled pieces that _python_nn_descent calls, in order

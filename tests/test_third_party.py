@@ -137,7 +137,7 @@ def test_other_pynndescent_layouts_are_left_alone():
     has the expected parameters."""
     import types as pytypes
 
-    from invariant_cluster._third_party import _PIECES, _python_nn_descent
+    from invariant_cluster._third_party import _NN_DESCENT_PARAMS, _PIECES, _python_nn_descent
 
     class Piece:
         def __init__(self, params):
@@ -146,15 +146,11 @@ def test_other_pynndescent_layouts_are_left_alone():
             self.py_func = ns["f"]
 
     full = {name: Piece(params) for name, params in _PIECES.items()}
-    full["nn_descent"] = Piece(("data", "n_neighbors", "rng_state", "max_candidates", "dist",
-                                "n_iters", "delta", "init_graph", "rp_tree_init", "leaf_array",
-                                "low_memory", "verbose", "kernel"))
+    full["nn_descent"] = Piece(_NN_DESCENT_PARAMS)
     assert _python_nn_descent(pytypes.SimpleNamespace(**full)) is not None
     # no batched kernel (older layouts), a piece missing, a piece with other parameters
-    no_kernel = dict(full, nn_descent=Piece(("data", "n_neighbors", "rng_state",
-                                             "max_candidates", "dist", "n_iters", "delta",
-                                             "init_graph", "rp_tree_init", "leaf_array",
-                                             "low_memory", "verbose")))
+    assert _NN_DESCENT_PARAMS[-1] == "kernel"
+    no_kernel = dict(full, nn_descent=Piece(_NN_DESCENT_PARAMS[:-1]))
     missing = {k: v for k, v in full.items() if k != "build_candidates_owner"}
     other = dict(full, init_random=Piece(("n_neighbors", "data", "heap", "dist")))
     for layout in (no_kernel, missing, other):
