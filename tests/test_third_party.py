@@ -96,9 +96,11 @@ def test_cache_skips_specialisations_that_take_functions(tmp_path):
 
 
 @pytest.mark.filterwarnings("error::numba.NumbaWarning")
-@pytest.mark.parametrize("n, d, seed, init", [(600, 16, 0, False), (1500, 40, 1, False),
-                                              (800, 24, 2, True)])
-def test_nn_descent_by_pointer_builds_the_same_index(n, d, seed, init):
+@pytest.mark.parametrize("n, d, seed, init, copies", [(600, 16, 0, False, False),
+                                                      (1500, 40, 1, False, False),
+                                                      (800, 24, 2, True, False),
+                                                      (900, 16, 3, False, True)])
+def test_nn_descent_by_pointer_builds_the_same_index(n, d, seed, init, copies):
     """pynndescent's NN-descent given its squared Euclidean distance as a function pointer
     (cacheable), its outer loop run from Python, builds the same graph, bit for bit, as
     pynndescent's own compiled ``nn_descent`` given the dispatcher (compiled in every process),
@@ -113,6 +115,8 @@ def test_nn_descent_by_pointer_builds_the_same_index(n, d, seed, init):
     assert routed.driver is not None  # the outer loop runs from Python
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, d)).astype(np.float32)
+    if copies:  # every point three times: distances of exactly 0, ties everywhere
+        X = np.repeat(X[: n // 3], 3, axis=0)
     # a given initial graph (random neighbours) takes the other branch of nn_descent
     start = rng.integers(0, n, (n, 10)) if init else None
     graphs = []
