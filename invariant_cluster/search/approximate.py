@@ -47,11 +47,14 @@ _QUERY_EPSILON = 0.1
 _REQUERY_GROWTH = (3, 3)
 
 
-def _distinct_keys(index, queries, kq, U, V, m, exclude):
-    """The ``m`` nearest distinct keys of each query found by ``index.query`` with ``kq``
-    entries per query copy: ``(keys (n_x, m), rows short of m distinct keys)``."""
+def _distinct_keys(index, queries, kq, U, V, m, exclude, seed=0):
+    """The ``m`` nearest distinct keys of each query found by a graph search of ``index`` with
+    ``kq`` entries per query copy: ``(keys (n_x, m), rows short of m distinct keys)``."""
+    from ._graph_query import query as graph_query  # numba: imported after pynndescent
+
     n_x = queries.shape[0] // U
-    found, dist = index.query(queries, k=kq, epsilon=_QUERY_EPSILON)
+    found, dist = graph_query(index, queries, kq, epsilon=_QUERY_EPSILON, seed=seed,
+                              n_threads=torch.get_num_threads())
     found = torch.as_tensor(found.astype(np.int64)).reshape(n_x, U * kq)
     dist = torch.as_tensor(dist.astype(np.float32)).reshape(n_x, U * kq)
     dist = torch.where(found < 0, torch.full_like(dist, math.inf), dist)
@@ -123,7 +126,7 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
         bar.update()
         bar.set_postfix_str(f"querying {n_x * U} query copies")
         ex = None if exclude is None else exclude.cpu()
-        out, short = _distinct_keys(index, queries, kq, U, V, m, ex)
+        out, short = _distinct_keys(index, queries, kq, U, V, m, ex, random_state)
         # rows whose copies found the same keys again and again: asked again, with more
         # entries per copy (on 20,000 Fashion-MNIST images, 1,950 rows, which the exact
         # fallback below took 5.6 s to serve; 21 s at 70,000)
@@ -133,7 +136,7 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
             kq = int(min(n_index - 1, kq * grow))
             rows = queries.reshape(n_x, U, d)[short.numpy()].reshape(-1, d)
             again, still = _distinct_keys(index, rows, kq, U, V, m,
-                                          None if ex is None else ex[short])
+                                          None if ex is None else ex[short], random_state)
             out[short] = again
             short = short[still]
         bar.update()
