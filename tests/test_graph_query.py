@@ -101,6 +101,45 @@ def test_bad_query_shape_names_the_argument():
         gq.query(index, X[:5, :9], 5)
 
 
+
+def _distinct_reference(found, dist, copies, per_key, m, exclude):
+    """Per query, a dictionary of each key's smallest distance, sorted in Python."""
+    out = []
+    for i in range(found.shape[0] // copies):
+        best = {}
+        for f, d in zip(found[i * copies:(i + 1) * copies].ravel(),
+                        dist[i * copies:(i + 1) * copies].ravel()):
+            key = f // per_key
+            if f >= 0 and key != exclude[i] and d < best.get(key, np.inf):
+                best[key] = d
+        out.append([key for key, _ in sorted(best.items(), key=lambda kv: kv[1])][:m])
+    return out
+
+
+@pytest.mark.parametrize("copies, per_key, kq, m", [(9, 3, 12, 20), (1, 1, 30, 30), (4, 2, 5, 8)])
+def test_distinct_keys_are_each_keys_nearest_copy(copies, per_key, kq, m):
+    """The merge of a query's copies: its ``m`` nearest distinct keys by their nearest copy,
+    without the excluded key; rows with fewer are reported short and padded with -1."""
+    rng = np.random.default_rng(copies + kq)
+    n_q, n_keys = 400, 60
+    found = rng.integers(0, n_keys * per_key, (n_q * copies, kq))
+    found[rng.random(found.shape) < 0.05] = -1
+    # distinct distances, so that the order is defined
+    dist = rng.permutation(found.size).reshape(found.shape).astype(np.float32) / found.size
+    exclude = rng.integers(0, n_keys, n_q)
+    out, short = gq.distinct_keys(found, dist, copies, per_key, m, n_keys, exclude)
+    ref = _distinct_reference(found, dist, copies, per_key, m, exclude)
+    assert out.shape == (n_q, m)
+    np.testing.assert_array_equal(short, [i for i, r in enumerate(ref) if len(r) < m])
+    for row, r in zip(out, ref):
+        np.testing.assert_array_equal(row[:len(r)], r)
+        assert (row[len(r):] == -1).all()
+    # no exclusion
+    out2, _ = gq.distinct_keys(found, dist, copies, per_key, m, n_keys)
+    ref2 = _distinct_reference(found, dist, copies, per_key, m, np.full(n_q, -1))
+    for row, r in zip(out2, ref2):
+        np.testing.assert_array_equal(row[:len(r)], r)
+
 _RUN = """
 import numpy as np
 from invariant_cluster._third_party import import_cached

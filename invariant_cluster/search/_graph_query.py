@@ -236,3 +236,50 @@ def query(index, queries, k, *, epsilon=0.1, seed=0, n_threads=None):
         numba.set_num_threads(before)
     found = np.where(rows >= 0, index._vertex_order[np.maximum(rows, 0)], -1)
     return found, np.sqrt(dist)
+
+
+@numba.njit(parallel=True, cache=True)
+def _distinct(found, dist, n_rows, copies, per_key, m, n_keys, exclude, block):
+    """Per query (``copies`` consecutive rows of ``found``/``dist``, entries -1 where missing):
+    its ``m`` nearest distinct keys (entry // ``per_key``), nearest first, leaving out
+    ``exclude[query]`` (-1: none); -1 where fewer were found."""
+    width = copies * found.shape[1]
+    out = np.full((n_rows, m), -1, dtype=np.int64)
+    n_blocks = (n_rows + block - 1) // block
+    for b in numba.prange(n_blocks):
+        seen = np.full(n_keys, -1, dtype=np.int64)
+        d = np.empty(width, dtype=np.float32)
+        e = np.empty(width, dtype=np.int64)
+        for i in range(b * block, min(n_rows, (b + 1) * block)):
+            for c in range(copies):
+                for j in range(found.shape[1]):
+                    e[c * found.shape[1] + j] = found[i * copies + c, j]
+                    d[c * found.shape[1] + j] = (dist[i * copies + c, j]
+                                                 if found[i * copies + c, j] >= 0 else np.inf)
+            order = np.argsort(d, kind="mergesort")
+            seen_i = 0
+            for t in range(width):
+                o = order[t]
+                if seen_i == m or not d[o] < np.inf:
+                    break
+                key = e[o] // per_key
+                if key == exclude[i] or seen[key] == i:
+                    continue
+                seen[key] = i
+                out[i, seen_i] = key
+                seen_i += 1
+    return out
+
+
+def distinct_keys(found, dist, copies, per_key, m, n_keys, exclude=None):
+    """The ``m`` nearest distinct keys of every query from a graph search of the key copies:
+    ``found``/``dist`` of shape ``(n_queries x copies, kq)`` (key copy ``key x per_key + v``,
+    -1 where missing), ``exclude`` a key per query to leave out. Returns ``(keys (n_queries,
+    m) int64, rows short of m keys)``; a short row's missing entries are -1."""
+    n_rows = found.shape[0] // copies
+    ex = (np.full(n_rows, -1, dtype=np.int64) if exclude is None
+          else np.ascontiguousarray(exclude, dtype=np.int64))
+    out = _distinct(np.ascontiguousarray(found, dtype=np.int64),
+                    np.ascontiguousarray(dist, dtype=np.float32), n_rows, int(copies),
+                    int(per_key), int(m), int(n_keys), ex, _BLOCK)
+    return out, np.flatnonzero(out[:, -1] < 0)

@@ -47,35 +47,16 @@ _QUERY_EPSILON = 0.1
 _REQUERY_GROWTH = (3, 3)
 
 
-def _distinct_keys(index, queries, kq, U, V, m, exclude, seed=0):
+def _distinct_keys(index, queries, kq, U, V, m, exclude, n_keys, seed=0):
     """The ``m`` nearest distinct keys of each query found by a graph search of ``index`` with
     ``kq`` entries per query copy: ``(keys (n_x, m), rows short of m distinct keys)``."""
-    from ._graph_query import query as graph_query  # numba: imported after pynndescent
+    from ._graph_query import distinct_keys, query  # numba: imported after pynndescent
 
-    n_x = queries.shape[0] // U
-    found, dist = graph_query(index, queries, kq, epsilon=_QUERY_EPSILON, seed=seed,
-                              n_threads=torch.get_num_threads())
-    found = torch.as_tensor(found.astype(np.int64)).reshape(n_x, U * kq)
-    dist = torch.as_tensor(dist.astype(np.float32)).reshape(n_x, U * kq)
-    dist = torch.where(found < 0, torch.full_like(dist, math.inf), dist)
-    key = torch.where(found < 0, torch.zeros_like(found), found // V)
-    if exclude is not None:
-        dist.masked_fill_(key == exclude[:, None], math.inf)
-    # one entry per key, its smallest distance: sort by distance, then stably by key, so the
-    # first entry of every run of one key is its nearest copy
-    order = torch.argsort(dist, dim=1, stable=True)
-    key, dist = key.gather(1, order), dist.gather(1, order)
-    order = torch.argsort(key, dim=1, stable=True)
-    key, dist = key.gather(1, order), dist.gather(1, order)
-    repeat = torch.zeros_like(key, dtype=torch.bool)
-    repeat[:, 1:] = key[:, 1:] == key[:, :-1]
-    dist.masked_fill_(repeat, math.inf)
-    top, pos = torch.topk(dist, min(m, dist.shape[1]), dim=1, largest=False, sorted=True)
-    out = torch.zeros((n_x, m), dtype=torch.long)
-    if top.shape[1] < m:
-        return out, torch.arange(n_x)
-    out[:] = key.gather(1, pos)
-    return out, torch.nonzero(~torch.isfinite(top[:, -1])).flatten()
+    found, dist = query(index, queries, kq, epsilon=_QUERY_EPSILON, seed=seed,
+                        n_threads=torch.get_num_threads())
+    out, short = distinct_keys(found, dist, U, V, m, n_keys,
+                               None if exclude is None else exclude.numpy())
+    return torch.from_numpy(out), torch.from_numpy(short)
 
 
 def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *,
@@ -126,7 +107,7 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
         bar.update()
         bar.set_postfix_str(f"querying {n_x * U} query copies")
         ex = None if exclude is None else exclude.cpu()
-        out, short = _distinct_keys(index, queries, kq, U, V, m, ex, random_state)
+        out, short = _distinct_keys(index, queries, kq, U, V, m, ex, n_y, random_state)
         # rows whose copies found the same keys again and again: asked again, with more
         # entries per copy (on 20,000 Fashion-MNIST images, 1,950 rows, which the exact
         # fallback below took 5.6 s to serve; 21 s at 70,000)
@@ -136,7 +117,8 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
             kq = int(min(n_index - 1, kq * grow))
             rows = queries.reshape(n_x, U, d)[short.numpy()].reshape(-1, d)
             again, still = _distinct_keys(index, rows, kq, U, V, m,
-                                          None if ex is None else ex[short], random_state)
+                                          None if ex is None else ex[short], n_y,
+                                          random_state)
             out[short] = again
             short = short[still]
         bar.update()
