@@ -5,13 +5,19 @@ pynndescent answers a batch of queries one after another (``NNDescent.query``): 
 between the threads, so the answers then depend on the schedule (on the 70,000 Fashion-MNIST
 means, 0.9998 of the rows equal from run to run). :func:`query` searches pynndescent's prepared
 index (its search graph, search trees and reordered data; nothing is rebuilt) with a compiled
-loop of our own, the same best-first graph search (Dong et al., 2011; Malkov and Yashunin's
-bounded search with pynndescent's ``epsilon``), on blocks of queries in parallel. Every query
-draws its random numbers (tie-breaks in the trees, random seeds where the trees give too few
-points) from its own state, seeded by the query's values, so a row's answer does not depend on
-the threads, on the schedule, or on the other rows of the batch, and equal queries get equal
-answers. The loop is compiled once per
-installation (numba's on-disk cache).
+loop of our own: the same best-first graph search, started from the query's leaf of every
+search tree and bounded by pynndescent's ``epsilon``, on blocks of queries in parallel. Every
+query draws its random numbers (tie-breaks in the trees, random starting points where the trees
+give too few) from its own state, seeded by the query's values, so a row's answer does not
+depend on the threads, on the schedule, or on the other rows of the batch, and equal queries get
+equal answers. :func:`distinct_keys` merges the answers of a query's copies. Both loops are
+compiled once per installation (numba's on-disk cache).
+
+Measured on the 70,000 converged Fashion-MNIST means (the union's means' search: 630,000 query
+copies against 210,000 key copies, 2 cores): the whole search took 32.2 s instead of 41.2 s (its
+queries 12.9 s instead of 21.3 s), and 31.2 s with :func:`distinct_keys` instead of two stable
+sorts, with the same recall of the exact top-15 (0.9151 on 500 queries); 0.994 of the graph's
+rows are the ones pynndescent's queries gave.
 
 Only the index layout it knows is searched this way: dense float32 data, the Euclidean metric
 (searched squared, as pynndescent does), one leaf per tree, no quantisation. Any other index is

@@ -6,7 +6,9 @@ key descriptor (``n_x n_y U V d`` multiply-adds: quadratic in ``n``). Beyond
 
 1. indexes every key copy with pynndescent (NN-descent, a kNN graph of the copies built in about
    ``O(n^1.1)``), and
-2. searches that graph for the ``kq`` nearest key copies of every query copy,
+2. searches that graph for the ``kq`` nearest key copies of every query copy, on every core,
+   with an answer of each query's own (:mod:`._graph_query`: pynndescent's own queries run one
+   after another),
 3. keeps per key the smallest distance over its copies, then the ``n_candidates`` nearest keys.
 
 Rows for which the graph search found fewer distinct keys than asked fall back to the exact
