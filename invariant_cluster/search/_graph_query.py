@@ -19,6 +19,10 @@ queries 12.9 s instead of 21.3 s), and 31.2 s with :func:`distinct_keys` instead
 sorts, with the same recall of the exact top-15 (0.9151 on 500 queries); 0.994 of the graph's
 rows are the ones pynndescent's queries gave.
 
+The heap, the visited set and the stacking of the trees are written here rather than taken from
+pynndescent: the cached loop would carry a copy of pynndescent's compiled helpers, and numba's
+cache, keyed by this file, would not notice an upgrade of pynndescent.
+
 Only the index layout it knows is searched this way: dense float32 data, the Euclidean metric
 (searched squared, as pynndescent does), one leaf per tree, no quantisation. Any other index is
 queried by ``index.query``.
@@ -97,7 +101,7 @@ def _visit(table, v):
 @numba.njit(fastmath=True, locals={"d": numba.float32, "bound": numba.float32,
                                    "margin": numba.float32, "vertex": numba.int32,
                                    "cand": numba.int32, "node": numba.int64})
-def _search_row(q, data, indptr, indices, hyperplanes, offsets, children, tree_indices, k,
+def _search_row(q, data, indptr, indices, hyperplanes, offsets, children, tree_indices,
                 epsilon, n_fill, min_distance, visited, state, out_p, out_i):
     """Best-first graph search for one query; ``out_p``/``out_i`` (length k) become a max-heap
     of the nearest squared distances and their rows."""
@@ -175,7 +179,7 @@ def _search(queries, data, indptr, indices, hyperplanes, offsets, children, tree
             z = z ^ (z >> np.uint64(31))
             state[0] = np.int64(z | np.uint64(1))
             _search_row(queries[i], data, indptr, indices, hyperplanes, offsets, children,
-                        tree_indices, k, epsilon, n_fill, min_distance, visited, state,
+                        tree_indices, epsilon, n_fill, min_distance, visited, state,
                         out_p[i], out_i[i])
             order = np.argsort(out_p[i], kind="mergesort")
             out_p[i] = out_p[i][order]
@@ -228,16 +232,20 @@ def query(index, queries, k, *, epsilon=0.1, seed=0, n_threads=None):
     data = index._raw_data
     if queries.ndim != 2 or queries.shape[1] != data.shape[1]:
         raise ValueError(f"queries must have shape (n, {data.shape[1]}), got {queries.shape}")
-    trees = _stack_forest(forest, data.shape[0])
-    indptr = np.ascontiguousarray(graph.indptr, dtype=np.int32)
-    indices = np.ascontiguousarray(graph.indices, dtype=np.int32)
+    # the graph and the stacked trees, once per index (the shortlist asks it up to 3 times)
+    arrays = getattr(index, "_invariant_cluster_search", None)
+    if arrays is None:
+        arrays = (np.ascontiguousarray(graph.indptr, dtype=np.int32),
+                  np.ascontiguousarray(graph.indices, dtype=np.int32),
+                  *_stack_forest(forest, data.shape[0]))
+        index._invariant_cluster_search = arrays
     n_fill = min(int(k), int(index.n_neighbors))
     before = numba.get_num_threads()
     if n_threads is not None:
         numba.set_num_threads(max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS)))
     try:
-        dist, rows = _search(queries, data, indptr, indices, *trees, int(k), np.float32(epsilon),
-                             n_fill, np.float32(index._min_distance), int(seed), _BLOCK)
+        dist, rows = _search(queries, data, *arrays, int(k), np.float32(epsilon), n_fill,
+                             np.float32(index._min_distance), int(seed), _BLOCK)
     finally:
         numba.set_num_threads(before)
     found = np.where(rows >= 0, index._vertex_order[np.maximum(rows, 0)], -1)
