@@ -123,6 +123,7 @@ def stages(X, seed, compare_candidates=None):
             out.update(idx_c=idx_c.numpy(),
                        dist_c=Dc.clamp(min=0).sqrt().numpy().astype(np.float64))
     out.update(idx=idx.numpy(), dist=dist.numpy().astype(np.float64), M=M.reshape(n, -1).numpy(),
+               W=W.numpy().astype(np.float64),
                avg=avg.numpy(), idx_m=idx_m.numpy(),
                dist_m=Dm.clamp(min=0).sqrt().numpy().astype(np.float64), idx_f=idx_f.numpy(),
                dist_f=Df.clamp(min=0).sqrt().numpy().astype(np.float64))
