@@ -234,18 +234,36 @@ def run(args):
             "load_note": args.note, "datasets": datasets, "rows": rows, "summary": summary}
 
 
+def default_graphs(st):
+    """What ``fit`` groups on the shared stages: ``(graph_used, idx_m, dist_m)``. "auto"
+    decides on the two-hop means' graph; the union's means' graph is the one searched again
+    among all means."""
+    from invariant_cluster._grouping import resolve_graph
+
+    used = resolve_graph("auto", st["idx"], st["idx_m"])
+    if used == "both":
+        return used, st["idx_f"], st["dist_f"]
+    return used, st["idx_m"], st["dist_m"]
+
+
+def seed_summary(rows, sigmas, methods):
+    """Mean and spread over the seeds of each method's ACC column, per sigma (rows holding one
+    column per method, as the restarts' and the groupings' benchmarks write them)."""
+    return [{"sigma": s, "method": m, "seeds": len(rs),
+             "acc": float(np.mean([r[m] for r in rs])),
+             "acc_std": float(np.std([r[m] for r in rs]))}
+            for s in sigmas for rs in [[r for r in rows if r["sigma"] == s]] for m in methods]
+
+
 def run_estimator(X, y, sigma, seed, args, st):
     """The estimator's default grouping on the shared stages (what ``fit`` runs after them:
     Leiden, ``graph="auto"``); on every seed of the clean row, whole fits with
     ``n_clusters=10`` (with predict's agreement with its labels_) and ``n_clusters=None``."""
-    from invariant_cluster._grouping import group, resolve_graph, shared_edges
+    from invariant_cluster._grouping import group, shared_edges
 
     t_m = st["t_search"] + st["t_iterate"] + st["t_means_graph"]
     t0 = time.perf_counter()
-    # what fit does: "auto" decides on the two-hop means' graph; the union's means' graph is
-    # the one searched again among all means
-    used = resolve_graph("auto", st["idx"], st["idx_m"])
-    idx_m, dist_m = (st["idx_f"], st["dist_f"]) if used == "both" else (st["idx_m"], st["dist_m"])
+    used, idx_m, dist_m = default_graphs(st)
     t_m += st["t_means_search"] if used == "both" else 0.0
     labels, used = group(st["idx"], st["dist"], idx_m, dist_m, 10, used, "leiden", seed)
     out = [{"sigma": sigma, "seed": seed, "n": args.n, "method": "estimator (default grouping)",

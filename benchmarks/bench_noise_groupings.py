@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, environment, print_table, write_json  # noqa: E402
-from bench_noise import SEARCH, K, noisy, stages  # noqa: E402
+from bench_noise import SEARCH, K, default_graphs, noisy, seed_summary, stages  # noqa: E402
 
 
 def jaccard(G):
@@ -114,13 +114,7 @@ def cross_graph(X, M, seed):
 
 def run(args):
     import invariant_cluster._grouping as grouping
-    from invariant_cluster._grouping import (
-        _means_graph,
-        _union_graph,
-        fuzzy_graph,
-        leiden,
-        resolve_graph,
-    )
+    from invariant_cluster._grouping import _means_graph, _union_graph, fuzzy_graph, group, leiden
     from invariant_cluster.metrics import clustering_accuracy
 
     rows = []
@@ -128,14 +122,13 @@ def run(args):
         for seed in args.seeds:
             X, _, y = noisy(args.n, sigma, seed, args.data)
             st = stages(X, seed)
-            used = resolve_graph("auto", st["idx"], st["idx_m"])
-            idx_m, dist_m = ((st["idx_f"], st["dist_f"]) if used == "both"
-                             else (st["idx_m"], st["dist_m"]))
+            used, idx_m, dist_m = default_graphs(st)
             res = {}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                res["default"], used = group(st["idx"], st["dist"], idx_m, dist_m, 10, used,
+                                             "leiden", seed)
                 G = _union_graph(st["idx"], st["dist"], idx_m, dist_m, used, seed)
-                res["default"] = leiden(G, 10, seed)
                 res["leiden (samples)"] = leiden(
                     fuzzy_graph(st["idx"], st["dist"], seed, calibration="umap"), 10, seed)
                 res["jaccard"] = leiden(jaccard(G), 10, seed)
@@ -160,11 +153,7 @@ def run(args):
             rows.append(row)
             print_table(rows[-1:], list(row))
     methods = [c for c in rows[0] if c not in ("sigma", "seed", "n", "graph_used")]
-    summary = [{"sigma": s, "method": m, "seeds": len(rs),
-                "acc": float(np.mean([r[m] for r in rs])),
-                "acc_std": float(np.std([r[m] for r in rs]))}
-               for s in args.sigmas for rs in [[r for r in rows if r["sigma"] == s]]
-               for m in methods]
+    summary = seed_summary(rows, args.sigmas, methods)
     print_table(summary, list(summary[0]))
     return {"benchmark": "noise_groupings", "env": environment(), "args": vars(args),
             "rows": rows, "summary": summary}

@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, environment, print_table, write_json  # noqa: E402
-from bench_noise import noisy, stages  # noqa: E402
+from bench_noise import default_graphs, noisy, seed_summary, stages  # noqa: E402
 
 
 def smooth(G, labels, rounds):
@@ -51,7 +51,7 @@ def run(args):
     import igraph as ig
     from scipy.sparse import csr_matrix
 
-    from invariant_cluster._grouping import _union_graph, group, leiden, resolve_graph
+    from invariant_cluster._grouping import _union_graph, group, leiden
     from invariant_cluster.metrics import clustering_accuracy
 
     rows = []
@@ -59,9 +59,7 @@ def run(args):
         for seed in args.seeds:
             X, _, y = noisy(args.n, sigma, seed, args.data)
             st = stages(X, seed)
-            used = resolve_graph("auto", st["idx"], st["idx_m"])
-            idx_m, dist_m = ((st["idx_f"], st["dist_f"]) if used == "both"
-                             else (st["idx_m"], st["dist_m"]))
+            used, idx_m, dist_m = default_graphs(st)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 labels, used = group(st["idx"], st["dist"], idx_m, dist_m, 10, used, "leiden",
@@ -95,11 +93,7 @@ def run(args):
             print_table(rows[-1:], [c for c in row if not c.startswith("restart_")])
     methods = [c for c in rows[0] if c not in ("sigma", "seed", "n", "graph_used")
                and not c.startswith("restart_") and not c.startswith("corr")]
-    summary = [{"sigma": s, "method": m, "seeds": len(rs),
-                "acc": float(np.mean([r[m] for r in rs])),
-                "acc_std": float(np.std([r[m] for r in rs]))}
-               for s in args.sigmas for rs in [[r for r in rows if r["sigma"] == s]]
-               for m in methods]
+    summary = seed_summary(rows, args.sigmas, methods)
     print_table(summary, list(summary[0]))
     return {"benchmark": "noise_restarts", "env": environment(), "args": vars(args),
             "rows": rows, "summary": summary}
