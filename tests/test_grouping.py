@@ -307,3 +307,99 @@ def test_leiden_is_seeded_whatever_igraphs_generator_did():
         assert adjusted_rand_score(block, again) == 1.0
     finally:
         ig.set_random_number_generator(random)
+
+
+# ------------------------------------------------------------------ near-copies (issue 17)
+def _blocks_with_pairs(sizes, n_pairs, seed):
+    """Dense blocks of ``sizes`` nodes joined by weak edges, plus ``n_pairs`` pairs of nodes
+    joined to each other (weight 1) and to one block by edges of weight 1e-20, as the capped
+    calibration joins near-copies. ``(graph, block of each node, block of each pair)``."""
+    from scipy.sparse import coo_matrix
+
+    rng = np.random.default_rng(seed)
+    block = np.repeat(np.arange(len(sizes)), sizes)
+    n_b = block.size
+    rows, cols, vals = [], [], []
+    for b in range(len(sizes)):
+        members = np.flatnonzero(block == b)
+        for i in members:  # 8 random neighbours within the block
+            j = rng.choice(members[members != i], 8, replace=False)
+            rows += [i] * 8
+            cols += list(j)
+            vals += list(rng.uniform(0.5, 1.0, 8))
+    for _ in range(2 * n_b // 100 + 1):  # a few weak edges between blocks
+        i, j = rng.choice(n_b, 2, replace=False)
+        rows.append(i), cols.append(j), vals.append(0.05)
+    host = rng.integers(0, len(sizes), n_pairs)
+    for p in range(n_pairs):
+        a, b = n_b + 2 * p, n_b + 2 * p + 1
+        rows.append(a), cols.append(b), vals.append(1.0)
+        for node in (a, b):
+            for j in rng.choice(np.flatnonzero(block == host[p]), 3, replace=False):
+                rows.append(node), cols.append(j), vals.append(1e-20)
+    n = n_b + 2 * n_pairs
+    W = coo_matrix((vals, (rows, cols)), shape=(n, n)).tocsr()
+    return W.maximum(W.T).tocsr(), block, host
+
+
+@pytest.mark.parametrize("sizes, n_pairs", [([300, 250, 200, 150], 6), ([120] * 10, 5),
+                                            ([900, 400, 150], 3)])
+def test_leiden_does_not_count_near_copies_as_clusters(monkeypatch, sizes, n_pairs):
+    import invariant_cluster._grouping as grouping
+
+    G, block, host = _blocks_with_pairs(sizes, n_pairs, seed=len(sizes))
+    n_b = block.size
+    labels = grouping.leiden(G, len(sizes), random_state=0)
+    # the blocks are the clusters, each pair in the block it hangs on
+    assert int(labels.max()) + 1 == len(sizes)
+    assert adjusted_rand_score(block, labels[:n_b]) == 1.0
+    pair_labels = labels[n_b:].reshape(n_pairs, 2)
+    assert np.array_equal(pair_labels[:, 0], pair_labels[:, 1])
+    block_label = np.array([np.bincount(labels[:n_b][block == b]).argmax()
+                            for b in range(len(sizes))])
+    assert np.array_equal(pair_labels[:, 0], block_label[host])
+    # counting the pairs (the earlier search) spends clusters on them
+    monkeypatch.setattr(grouping, "_MIN_PART_FRACTION", 0.0)
+    counted = grouping.leiden(G, len(sizes), random_state=0)
+    assert np.bincount(counted).min() <= 2
+
+
+def test_small_parts_join_their_strongest_neighbour():
+    from scipy.sparse import csr_matrix
+
+    from invariant_cluster._grouping import _absorb_small_parts
+
+    # parts: 0 = {0..4}, 1 = {5..9}, 2 = {10, 11} (joined to part 1 more than to part 0),
+    # 3 = {12} (joined only to part 2, so it follows it), 4 = {13} (joined to nothing)
+    n = 14
+    W = np.zeros((n, n))
+    W[0:5, 0:5] = W[5:10, 5:10] = 1.0
+    W[10, 11] = 1.0
+    W[10, 2] = 0.2
+    W[11, 7] = 0.15
+    W[11, 8] = 0.1
+    W[12, 10] = 0.5
+    W = np.maximum(W, W.T)
+    np.fill_diagonal(W, 0)
+    labels = np.array([0] * 5 + [1] * 5 + [2, 2, 3, 4])
+    out = _absorb_small_parts(labels, csr_matrix(W), min_size=3)
+    assert np.array_equal(out, [0] * 5 + [1] * 5 + [1, 1, 1, 2])
+    # nothing under the floor: unchanged
+    assert np.array_equal(_absorb_small_parts(labels, csr_matrix(W), min_size=1), labels)
+
+
+@pytest.mark.parametrize("n_groups, n_copies, noise, n_pairs", [(6, 100, 0.6, 4),
+                                                                 (4, 150, 0.5, 3)])
+def test_near_copies_are_not_clusters_of_their_own(n_groups, n_copies, noise, n_pairs):
+    # noisy rotated digits with a few near-copies (noise 1e-3): a near-copy is much nearer its
+    # original than anything else, and the samples' graph cut the pair off. The clusters are
+    # never that small, and each near-copy is in its original's cluster.
+    X, _, y = _noisy_figure2(n_groups, n_copies, noise, seed=n_groups * n_copies)
+    rng = np.random.default_rng(0)
+    pick = rng.choice(len(X), n_pairs, replace=False)
+    near = X[pick] + 1e-3 * rng.standard_normal(X[pick].shape).astype(np.float32)
+    X2 = np.concatenate([X, near])
+    est = _fit(X2, n_clusters=n_groups, random_state=0, graph="samples")
+    assert est.n_clusters_ == n_groups
+    assert np.bincount(est.labels_).min() >= 0.02 * len(X2) / n_groups
+    assert np.array_equal(est.labels_[len(X):], est.labels_[pick])
