@@ -83,9 +83,11 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
     Parameters
     ----------
     n_clusters : int or None, default=None
-        With ``grouping="leiden"``, an int bisects Leiden's resolution until the partition has
-        ``n_clusters`` parts (k-means on umap-learn's layout of the same graph if no
-        resolution gives them); with ``grouping="umap"`` it runs k-means on umap-learn's 10-D
+        With ``grouping="leiden"``, an int searches Leiden's resolution until the partition has
+        ``n_clusters`` parts of at least 2% of ``n_samples / n_clusters`` samples each (a
+        smaller part, such as a pair of near-copies, joins the part it is most strongly
+        joined to; k-means on umap-learn's layout of the same graph if no resolution gives
+        them); with ``grouping="umap"`` it runs k-means on umap-learn's 10-D
         layout of the graph (``min_dist=0``). None with "leiden": Leiden at resolution 1
         (modularity), its communities merged where the converged means collapsed them onto
         one mode (both the means' modes and the means' graph's own communities join them);
