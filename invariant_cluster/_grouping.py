@@ -328,19 +328,22 @@ def _absorb_small_parts(labels: np.ndarray, graph, min_size: int) -> np.ndarray:
         small_rows = np.flatnonzero(~big[labels])
         if small_rows.size == 0 or not big.any():
             break
-        # weight from each small part (rows) to each counted part (columns)
+        # weight from each small part (rows) to each counted part (columns): a dense array of
+        # (small parts x counted parts), never (parts x parts)
+        big_parts = np.flatnonzero(big)
+        column = np.full(sizes.size, -1)
+        column[big_parts] = np.arange(big_parts.size)
+        parts, row = np.unique(labels[small_rows], return_inverse=True)
         sub = A[small_rows].tocoo()
         to_big = big[labels[sub.col]]
-        W = coo_matrix((sub.data[to_big], (labels[small_rows[sub.row[to_big]]],
-                                           labels[sub.col[to_big]])),
-                       shape=(sizes.size, sizes.size)).tocsr()
-        parts = np.unique(labels[small_rows])
-        strength = W[parts].toarray()
+        strength = coo_matrix((sub.data[to_big], (row[sub.row[to_big]],
+                                                  column[labels[sub.col[to_big]]])),
+                              shape=(parts.size, big_parts.size)).toarray()
         joined = strength.max(1) > 0
         if not joined.any():
             break
         target = np.arange(sizes.size)
-        target[parts[joined]] = strength[joined].argmax(1)
+        target[parts[joined]] = big_parts[strength[joined].argmax(1)]
         labels = target[labels]
     return np.unique(labels, return_inverse=True)[1].astype(np.int64)
 
