@@ -246,6 +246,41 @@ def default_graphs(st):
     return used, st["idx_m"], st["dist_m"]
 
 
+def default_grouping(st, seed):
+    """The default's labels on the shared stages (:func:`default_graphs`, then ``group`` as
+    ``fit`` runs it, fallback included) and the fuzzy graph they were grouped on:
+    ``(labels, graph_used, graph)``."""
+    from invariant_cluster._grouping import _union_graph, group
+
+    used, idx_m, dist_m = default_graphs(st)
+    labels, used = group(st["idx"], st["dist"], idx_m, dist_m, 10, used, "leiden", seed)
+    return labels, used, _union_graph(st["idx"], st["dist"], idx_m, dist_m, used, seed)
+
+
+def seeds_main(description, name, run, argv=None, extra=()):
+    """Command line of the benchmarks that compare groupings seed by seed on these stages
+    (``bench_noise_restarts.py``, ``bench_noise_groupings.py``): ``run(args)`` returns the rows
+    (one per sigma and seed, a column per method) and the method columns; their means over the
+    seeds are printed, and everything is written to ``RESULTS/{name}_{n}.json`` or ``--out``.
+    ``extra``: ``(flag, add_argument keywords)`` pairs of the benchmark's own."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--n", type=int, default=2000)
+    p.add_argument("--sigmas", type=float, nargs="+", default=[0.5, 0.8])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    for flag, kwargs in extra:
+        p.add_argument(flag, **kwargs)
+    p.add_argument("--data", default=None)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    rows, methods = run(args)
+    summary = seed_summary(rows, args.sigmas, methods)
+    print_table(summary, list(summary[0]))
+    result = {"benchmark": name, "env": environment(), "args": vars(args), "rows": rows,
+              "summary": summary}
+    write_json(result, Path(args.out or RESULTS / f"{name}_{args.n}.json"))
+    return result
+
+
 def seed_summary(rows, sigmas, methods):
     """Mean and spread over the seeds of each method's ACC column, per sigma (rows holding one
     column per method, as the restarts' and the groupings' benchmarks write them)."""

@@ -25,7 +25,6 @@ Leiden on umap-learn's fuzzy graph of the samples (the baseline):
 
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 from pathlib import Path
@@ -33,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, environment, print_table, write_json  # noqa: E402
-from bench_noise import SEARCH, K, default_graphs, noisy, seed_summary, stages  # noqa: E402
+from _common import print_table  # noqa: E402
+from bench_noise import SEARCH, K, default_grouping, noisy, seeds_main, stages  # noqa: E402
 
 
 def jaccard(G):
@@ -114,7 +113,7 @@ def cross_graph(X, M, seed):
 
 def run(args):
     import invariant_cluster._grouping as grouping
-    from invariant_cluster._grouping import _means_graph, _union_graph, fuzzy_graph, group, leiden
+    from invariant_cluster._grouping import _means_graph, fuzzy_graph, leiden
     from invariant_cluster.metrics import clustering_accuracy
 
     rows = []
@@ -122,13 +121,10 @@ def run(args):
         for seed in args.seeds:
             X, _, y = noisy(args.n, sigma, seed, args.data)
             st = stages(X, seed)
-            used, idx_m, dist_m = default_graphs(st)
             res = {}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                res["default"], used = group(st["idx"], st["dist"], idx_m, dist_m, 10, used,
-                                             "leiden", seed)
-                G = _union_graph(st["idx"], st["dist"], idx_m, dist_m, used, seed)
+                res["default"], used, G = default_grouping(st, seed)
                 res["leiden (samples)"] = leiden(
                     fuzzy_graph(st["idx"], st["dist"], seed, calibration="umap"), 10, seed)
                 res["jaccard"] = leiden(jaccard(G), 10, seed)
@@ -153,23 +149,11 @@ def run(args):
             rows.append(row)
             print_table(rows[-1:], list(row))
     methods = [c for c in rows[0] if c not in ("sigma", "seed", "n", "graph_used")]
-    summary = seed_summary(rows, args.sigmas, methods)
-    print_table(summary, list(summary[0]))
-    return {"benchmark": "noise_groupings", "env": environment(), "args": vars(args),
-            "rows": rows, "summary": summary}
+    return rows, methods
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=2000)
-    p.add_argument("--sigmas", type=float, nargs="+", default=[0.5, 0.8])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--data", default=None)
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
-    result = run(args)
-    write_json(result, Path(args.out or RESULTS / f"noise_groupings_{args.n}.json"))
-    return result
+    return seeds_main(__doc__.splitlines()[0], "noise_groupings", run, argv)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ searched to give 10 parts) is compared with
 
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 from pathlib import Path
@@ -30,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, environment, print_table, write_json  # noqa: E402
-from bench_noise import default_graphs, noisy, seed_summary, stages  # noqa: E402
+from _common import print_table  # noqa: E402
+from bench_noise import default_grouping, noisy, seeds_main, stages  # noqa: E402
 
 
 def smooth(G, labels, rounds):
@@ -51,7 +50,7 @@ def run(args):
     import igraph as ig
     from scipy.sparse import csr_matrix
 
-    from invariant_cluster._grouping import _union_graph, group, leiden
+    from invariant_cluster._grouping import leiden
     from invariant_cluster.metrics import clustering_accuracy
 
     rows = []
@@ -59,12 +58,9 @@ def run(args):
         for seed in args.seeds:
             X, _, y = noisy(args.n, sigma, seed, args.data)
             st = stages(X, seed)
-            used, idx_m, dist_m = default_graphs(st)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                labels, used = group(st["idx"], st["dist"], idx_m, dist_m, 10, used, "leiden",
-                                     seed)
-                G = _union_graph(st["idx"], st["dist"], idx_m, dist_m, used, seed)
+                labels, used, G = default_grouping(st, seed)
                 g = G.tocoo()
                 up = g.row < g.col
                 net = ig.Graph(n=args.n, edges=np.c_[g.row[up], g.col[up]],
@@ -93,24 +89,12 @@ def run(args):
             print_table(rows[-1:], [c for c in row if not c.startswith("restart_")])
     methods = [c for c in rows[0] if c not in ("sigma", "seed", "n", "graph_used")
                and not c.startswith("restart_") and not c.startswith("corr")]
-    summary = seed_summary(rows, args.sigmas, methods)
-    print_table(summary, list(summary[0]))
-    return {"benchmark": "noise_restarts", "env": environment(), "args": vars(args),
-            "rows": rows, "summary": summary}
+    return rows, methods
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=2000)
-    p.add_argument("--sigmas", type=float, nargs="+", default=[0.5, 0.8])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--restarts", type=int, default=8)
-    p.add_argument("--data", default=None)
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
-    result = run(args)
-    write_json(result, Path(args.out or RESULTS / f"noise_restarts_{args.n}.json"))
-    return result
+    return seeds_main(__doc__.splitlines()[0], "noise_restarts", run, argv,
+                      extra=[("--restarts", dict(type=int, default=8))])
 
 
 if __name__ == "__main__":
