@@ -205,29 +205,61 @@ def groupings(st, seed, which, consensus_too=True):
     return res
 
 
+def filtered_stages(X, seed, st, compare_candidates=None):
+    """The stages on the images as ``fit`` sees them at its default ``noise_std="auto"``
+    (:class:`~invariant_cluster.denoise.RadialWiener` first; the filter's seconds count in the
+    search's), and the measured noise. ``st`` (the stages on ``X``) is reused when the filter
+    is the identity (no noise measured)."""
+    from invariant_cluster import RadialWiener
+
+    t0 = time.perf_counter()
+    filt = RadialWiener().fit(X)
+    if filt.is_identity:
+        return st, filt.noise_std_
+    Xf = filt.transform(X).reshape(X.shape)
+    t_filter = time.perf_counter() - t0
+    st_f = stages(Xf, seed, compare_candidates)
+    st_f["t_search"] += t_filter
+    return st_f, filt.noise_std_
+
+
 def run(args):
     rows, datasets = [], []
     for sigma in args.sigmas:
         for seed in args.seeds:
             X, Xc, y = noisy(args.n, sigma, seed, args.data)
             st = stages(X, seed, args.compare_means_candidates)
-            info = {"sigma": sigma, "seed": seed, "n": args.n,
+            st_f, noise = filtered_stages(X, seed, st, args.compare_means_candidates)
+            info = {"sigma": sigma, "seed": seed, "n": args.n, "noise_measured": noise,
                     "purity_samples": purity(st["idx"], y),
                     "purity_means": purity(st["idx_m"], y),
+                    "purity_samples_filtered": purity(st_f["idx"], y),
+                    "purity_means_filtered": purity(st_f["idx_m"], y),
                     "corr_noisy": corr(X, Xc), "corr_one_step": corr(st["avg"], Xc),
-                    "corr_means": corr(st["M"], Xc), "n_iter": st["n_iter"],
-                    "effective_keys": st["neff"],
-                    **{k: st[k] for k in ("t_search", "t_iterate", "t_means_graph",
-                                          "t_means_search")}}
+                    "corr_means": corr(st["M"], Xc),
+                    "corr_one_step_filtered": corr(st_f["avg"], Xc),
+                    "corr_means_filtered": corr(st_f["M"], Xc), "n_iter": st_f["n_iter"],
+                    "effective_keys": st_f["neff"],
+                    **{k: st_f[k] for k in ("t_search", "t_iterate", "t_means_graph",
+                                            "t_means_search")}}
             datasets.append(info)
             print_table([info], list(info))
-            for name, (labels, seconds) in groupings(st, seed, args.groupings,
-                                                      args.consensus).items():
+            # the baselines (and every candidate grouping with "all") on the images as given,
+            # then the baselines on the filtered images: what a user gets from our filter and
+            # kNN with umap-learn or Leiden, without the iteration
+            named = list(groupings(st, seed, args.groupings, args.consensus).items())
+            if st_f is not st:
+                named += [(f"{name} (filtered)", out)
+                          for name, out in groupings(st_f, seed, "final").items()]
+            for name, (labels, seconds) in named:
                 rows.append({"sigma": sigma, "seed": seed, "n": args.n, "method": name,
                              **scores(y, labels), "seconds": seconds})
                 print_table(rows[-1:], ["sigma", "seed", "method", "acc", "nmi", "seconds"])
             if args.estimator:
-                rows += run_estimator(X, y, sigma, seed, args, st)
+                rows += run_estimator(X, y, sigma, seed, args, st_f)
+                if st_f is not st:
+                    rows += run_estimator(X, y, sigma, seed, args, st, fits=False,
+                                          name="estimator without filter (noise_std=0)")
     summary = summarise(rows, datasets)
     print_table(summary, list(summary[0]))
     return {"benchmark": "noise", "env": environment(), "args": vars(args),
@@ -290,9 +322,10 @@ def seed_summary(rows, sigmas, methods):
             for s in sigmas for rs in [[r for r in rows if r["sigma"] == s]] for m in methods]
 
 
-def run_estimator(X, y, sigma, seed, args, st):
+def run_estimator(X, y, sigma, seed, args, st, fits=True,
+                  name="estimator (default grouping)"):
     """The estimator's default grouping on the shared stages (what ``fit`` runs after them:
-    Leiden, ``graph="auto"``); on every seed of the clean row, whole fits with
+    Leiden, ``graph="auto"``); with ``fits``, on every seed of the clean row, whole fits with
     ``n_clusters=10`` (with predict's agreement with its labels_) and ``n_clusters=None``."""
     from invariant_cluster._grouping import group, shared_edges
 
@@ -301,11 +334,11 @@ def run_estimator(X, y, sigma, seed, args, st):
     used, idx_m, dist_m = default_graphs(st)
     t_m += st["t_means_search"] if used == "both" else 0.0
     labels, used = group(st["idx"], st["dist"], idx_m, dist_m, 10, used, "leiden", seed)
-    out = [{"sigma": sigma, "seed": seed, "n": args.n, "method": "estimator (default grouping)",
+    out = [{"sigma": sigma, "seed": seed, "n": args.n, "method": name,
             **scores(y, labels), "seconds": t_m + time.perf_counter() - t0,
             "graph_used": used, "shared_edges": shared_edges(st["idx"], st["idx_m"])}]
     print_table(out[-1:], ["sigma", "seed", "method", "acc", "nmi", "seconds", "graph_used"])
-    if "idx_c" in st and used == "both":
+    if "idx_c" in st and used == "both" and fits:
         t0 = time.perf_counter()
         labels, _ = group(st["idx"], st["dist"], st["idx_c"], st["dist_c"], 10, used, "leiden",
                           seed)
@@ -316,7 +349,7 @@ def run_estimator(X, y, sigma, seed, args, st):
                     + st["t_means_search_compare"] + time.perf_counter() - t0,
                     "graph_used": used})
         print_table(out[-1:], ["sigma", "seed", "method", "acc", "nmi", "seconds"])
-    if sigma == 0 and args.fits:
+    if sigma == 0 and args.fits and fits:
         for n_clusters in (10, None):
             est = InvariantAttentionClusterer(n_clusters=n_clusters, random_state=seed, **SEARCH)
             t0 = time.perf_counter()
@@ -341,8 +374,9 @@ def summarise(rows, datasets):
     for sigma in sorted({r["sigma"] for r in rows}):
         ds = [d for d in datasets if d["sigma"] == sigma]
         extra = {k: float(np.mean([d[k] for d in ds])) for k in
-                 ("purity_samples", "purity_means", "corr_noisy", "corr_one_step",
-                  "corr_means")}
+                 ("noise_measured", "purity_samples", "purity_means", "purity_samples_filtered",
+                  "purity_means_filtered", "corr_noisy", "corr_one_step", "corr_means",
+                  "corr_one_step_filtered", "corr_means_filtered") if k in ds[0]}
         for method in dict.fromkeys(r["method"] for r in rows):
             rs = [r for r in rows if r["sigma"] == sigma and r["method"] == method]
             if not rs:

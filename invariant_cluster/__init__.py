@@ -23,6 +23,7 @@ _LAZY = {
     "class_averages": "invariant_cluster.barycenters",
     "aligned_neighbors": "invariant_cluster.barycenters",
     "DihedralPCA": "invariant_cluster.denoise",
+    "RadialWiener": "invariant_cluster.denoise",
     "InvariantAttentionClusterer": "invariant_cluster.cluster",
     "invariant_attention_clustering": "invariant_cluster.cluster",
     "KernelPCAAttention": "invariant_cluster.decomposition",

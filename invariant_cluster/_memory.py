@@ -286,7 +286,8 @@ def block_elements(device="cpu", bytes_per_element=4, fraction=0.25, *, cap=None
 GROUPING_BYTES_PER_EDGE = 400
 
 
-def estimate_fit_bytes(n, n_features, k, n_candidates=0, *, element_size=4, device="cpu"):
+def estimate_fit_bytes(n, n_features, k, n_candidates=0, *, element_size=4, device="cpu",
+                       filtered=False):
     """Bytes an :class:`~invariant_cluster.InvariantAttentionClusterer` fit allocates at its
     peak, beyond what the process holds before it (an estimate, within 2x of the measured peak).
 
@@ -308,13 +309,16 @@ def estimate_fit_bytes(n, n_features, k, n_candidates=0, *, element_size=4, devi
         4 for float32, 8 for float64.
     device : str or torch.device, default="cpu"
         The blocks are a quarter of this device's free memory at most.
+    filtered : bool, default=False
+        The images are filtered (``noise_std``): the fit keeps the filtered copy for
+        ``predict``, one image more per sample.
 
     Returns
     -------
     n_bytes : int
     """
     n, f, k, c, es = int(n), int(n_features), int(k), int(n_candidates), int(element_size)
-    images = 5 * n * f * es
+    images = (6 if filtered else 5) * n * f * es
     graph = n * k * (8 + 4 * es) + n * (k + 1) * (8 + es) + n * c * (8 + 2 * es)
     grouping = n * (k + k * k) * 8 * 2 + n * k * 2 * GROUPING_BYTES_PER_EDGE
     blocks = 2 * min(block_elements(device, es), SCORE_BLOCK_ELEMENTS) * es

@@ -253,7 +253,10 @@ def _sqdist(A, B):
 
 
 class TestPlainKernelAttentionReference:
-    """group="none" with a global bandwidth is Gaussian mean shift; checked against NumPy."""
+    """group="none" with a global bandwidth is Gaussian mean shift; checked against NumPy.
+
+    The references work on the pixels as given, so the filter is off (``noise_std=0``):
+    random pixels measure as noise, and the default would damp them first."""
 
     @pytest.mark.parametrize("n_iter", [1, 3])
     def test_blurring_mean_shift(self, n_iter):
@@ -262,8 +265,8 @@ class TestPlainKernelAttentionReference:
         M = X.copy()
         for _ in range(n_iter):
             M = _softmax_rows(-_sqdist(M, M) / (2 * bw ** 2)) @ M
-        est = _fit(X, group="none", bandwidth=bw, n_neighbors=9, max_iter=n_iter, tol=0.0,
-                   update="blurring", device="cpu")
+        est = _fit(X, noise_std=0, group="none", bandwidth=bw, n_neighbors=9, max_iter=n_iter,
+                   tol=0.0, update="blurring", device="cpu")
         assert est.n_iter_ == n_iter
         np.testing.assert_allclose(est.invariant_means_, M, atol=1e-6)
         np.testing.assert_allclose(est.bandwidth_, bw, rtol=1e-6)
@@ -275,8 +278,8 @@ class TestPlainKernelAttentionReference:
         M = X.copy()
         for _ in range(n_iter):
             M = _softmax_rows(-_sqdist(M, X) / (2 * bw ** 2)) @ X
-        est = _fit(X, group="none", bandwidth=bw, n_neighbors=9, max_iter=n_iter, tol=0.0,
-                   update="fixed", device="cpu")
+        est = _fit(X, noise_std=0, group="none", bandwidth=bw, n_neighbors=9, max_iter=n_iter,
+                   tol=0.0, update="fixed", device="cpu")
         assert est.n_iter_ == n_iter
         np.testing.assert_allclose(est.invariant_means_, M, atol=1e-6)
 
@@ -286,8 +289,8 @@ class TestPlainKernelAttentionReference:
         bw = 0.4
         dens = []
         for n_iter in (1, 2, 4, 8, 16):
-            est = _fit(X, group="none", bandwidth=bw, n_neighbors=11, max_iter=n_iter, tol=0.0,
-                       device="cpu")
+            est = _fit(X, noise_std=0, group="none", bandwidth=bw, n_neighbors=11,
+                       max_iter=n_iter, tol=0.0, device="cpu")
             d = np.exp(-_sqdist(est.invariant_means_, X) / (2 * bw ** 2)).sum(1)
             dens.append(d)
         assert np.all(np.diff(np.array(dens), axis=0) >= -1e-9)
@@ -300,7 +303,7 @@ class TestPlainKernelAttentionReference:
         from scipy.optimize import brentq
 
         X = np.random.default_rng(2).random((n, 25))
-        est = _fit(X, group="none", n_neighbors=n_neighbors, max_iter=1, device="cpu")
+        est = _fit(X, noise_std=0, group="none", n_neighbors=n_neighbors, max_iter=1, device="cpu")
         k = min(n_neighbors, n - 1)
         d = np.sqrt(np.sort(_sqdist(X, X), axis=1)[:, 1:k + 1])
         rho = d[:, 0]
@@ -312,7 +315,7 @@ class TestPlainKernelAttentionReference:
 
     def test_attention_weights_and_neighbours(self):
         X = np.random.default_rng(3).random((8, 16))
-        est = _fit(X, group="none", n_neighbors=4, max_iter=1, device="cpu")
+        est = _fit(X, noise_std=0, group="none", n_neighbors=4, max_iter=1, device="cpu")
         assert est.neighbors_.shape == (8, 5) and est.attention_weights_.shape == (8, 5)
         np.testing.assert_array_equal(est.neighbors_[:, 0], np.arange(8))  # itself first
         d = np.sqrt(_sqdist(X, X))
@@ -334,7 +337,10 @@ class TestPlainKernelAttentionReference:
         X, _ = figure2
         X2 = X.reshape(len(X), -1).astype(np.float64)
         est = _fit(X2, n_clusters=3, group="none", n_neighbors=6, device="cpu")
-        np.testing.assert_allclose(est.transform(X2), _sqdist(X2, est.cluster_centers_),
+        # between the images as the fit saw them (filtered at the default noise_std) and the
+        # centres
+        Xf = est.filter_.transform(X2).astype(np.float64)
+        np.testing.assert_allclose(est.transform(X2), _sqdist(Xf, est.cluster_centers_),
                                    rtol=1e-6, atol=1e-9)
 
 

@@ -9,6 +9,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from invariant_cluster import (
     DihedralPCA,
     InvariantKNeighborsTransformer,
+    RadialWiener,
     aligned_neighbors,
     class_averages,
 )
@@ -330,3 +331,93 @@ class TestCenter:
             aligned_neighbors(X, n_neighbors=3, center="mass")
         with pytest.raises(ValueError, match="center"):
             class_averages(X, labels=np.zeros(10, int), center=True)
+
+
+# ------------------------------------------------------------------ RadialWiener (issue 20)
+def _shapes(n, h, w, seed):
+    """Bright bars and blobs on a flat black background (the clean images) ``(n, h, w)``."""
+    rng = np.random.default_rng(seed)
+    X = np.zeros((n, h, w))
+    for i in range(n):
+        r0, c0 = rng.integers(1, h // 2), rng.integers(1, w // 2)
+        X[i, r0:r0 + h // 3, c0:c0 + 2] = 1.0
+        X[i, r0, c0:c0 + w // 3] = 1.0
+    return X
+
+
+def _reference_gain(X, noise_std, power):
+    """float64 NumPy: the power spectrum over the half plane of ``rfft2``, averaged per integer
+    radius (in steps of 1 / max(H, W)), and ``(max(P - N, 0) / P) ** power``."""
+    n, h, w = X.shape
+    P = (np.abs(np.fft.rfft2(X)) ** 2).mean(0)
+    fy, fx = np.meshgrid(np.fft.fftfreq(h), np.fft.rfftfreq(w), indexing="ij")
+    r = np.floor(np.hypot(fy, fx) * max(h, w) + 0.5 + 1e-9).astype(int)  # half up
+    prof = np.array([P[r == b].mean() if np.any(r == b) else 0.0 for b in range(r.max() + 1)])
+    N = noise_std ** 2 * h * w
+    return np.where(prof > 0, np.clip(prof - N, 0, None) / np.where(prof > 0, prof, 1), 1.0) \
+        ** power, r
+
+
+@parametrize_with_checks([RadialWiener(), RadialWiener(noise_std=0.1, power=1.0)])
+def test_radial_wiener_sklearn_compatible(estimator, check):
+    check(estimator)
+
+
+class TestRadialWiener:
+    @pytest.mark.parametrize("n,h,w,sigma", [(300, 16, 16, 0.1), (200, 28, 28, 0.5),
+                                             (150, 12, 20, 0.8)])
+    def test_measures_the_noise(self, n, h, w, sigma):
+        clean = _shapes(n, h, w, seed=h)
+        X = clean + sigma * np.random.default_rng(n).standard_normal(clean.shape)
+        f = RadialWiener().fit(X)
+        assert abs(f.noise_std_ - sigma) < 0.05 * sigma
+
+    @pytest.mark.parametrize("n,h,w", [(30, 16, 16), (12, 9, 14)])
+    def test_clean_images_pass_unchanged(self, n, h, w):
+        X = _shapes(n, h, w, seed=n).astype(np.float32)
+        f = RadialWiener().fit(X)
+        assert f.noise_std_ == 0.0 and f.is_identity
+        np.testing.assert_array_equal(f.transform(X), X.reshape(n, -1))
+
+    @pytest.mark.parametrize("n,h,w,power", [(40, 16, 16, 0.5), (25, 10, 15, 1.0)])
+    def test_equals_the_float64_reference(self, n, h, w, power):
+        X = _shapes(n, h, w, seed=3) + 0.4 * np.random.default_rng(1).standard_normal((n, h, w))
+        f = RadialWiener(power=power).fit(X)
+        g, r = _reference_gain(X, f.noise_std_, power)
+        np.testing.assert_allclose(f.gain_[0], g, rtol=1e-9, atol=1e-12)
+        ref = np.fft.irfft2(np.fft.rfft2(X) * g[r], s=(h, w))
+        np.testing.assert_allclose(f.transform(X), ref.reshape(n, -1), atol=1e-10)
+
+    def test_commutes_with_quarter_turns_mirrors_and_shifts(self):
+        X = (_shapes(20, 14, 14, seed=5)
+             + 0.5 * np.random.default_rng(2).standard_normal((20, 14, 14))).astype(np.float32)
+        f = RadialWiener().fit(X)
+        Y = f.transform(X).reshape(X.shape)
+        for op in (lambda A: np.rot90(A, 1, axes=(1, 2)), lambda A: np.rot90(A, 2, axes=(1, 2)),
+                   lambda A: A[:, :, ::-1], lambda A: np.roll(A, (3, -2), axis=(1, 2))):
+            np.testing.assert_allclose(f.transform(op(X)).reshape(X.shape), op(Y), atol=1e-5)
+
+    def test_brings_noisy_images_nearer_the_clean_ones(self):
+        clean = _shapes(200, 16, 16, seed=8)
+        X = clean + 0.5 * np.random.default_rng(8).standard_normal(clean.shape)
+        for power in (0.5, 1.0):
+            Y = RadialWiener(power=power).fit(X).transform(X).reshape(X.shape)
+            assert np.linalg.norm(Y - clean) < 0.7 * np.linalg.norm(X - clean)
+
+    def test_given_noise_and_channels(self):
+        X = np.random.default_rng(0).standard_normal((30, 3, 8, 8))
+        f = RadialWiener(noise_std=0.3).fit(X)
+        assert f.noise_std_ == 0.3 and f.gain_.shape[0] == 3
+        assert f.transform(X).shape == (30, 192)
+        assert RadialWiener(noise_std=0.0).fit(X).is_identity
+
+    @pytest.mark.parametrize("bad", [-0.1, "high", np.nan])
+    def test_bad_noise_std_names_the_argument(self, bad):
+        with pytest.raises((ValueError, TypeError), match="noise_std"):
+            RadialWiener(noise_std=bad).fit(np.zeros((5, 4, 4)))
+
+    def test_nan_images_name_x(self):
+        X = np.zeros((5, 4, 4))
+        X[1, 2, 2] = np.nan
+        with pytest.raises(ValueError, match="NaN"):
+            RadialWiener().fit(X)

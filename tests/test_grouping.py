@@ -119,8 +119,10 @@ def test_invariant_means_beat_the_one_step_average(n_groups, n_copies, noise):
     # means are closer to the clean images than the plain average of the same neighbourhoods
     X, clean, _ = _noisy_figure2(n_groups, n_copies, noise, seed=7 + n_copies)
     est = _fit(X, random_state=0)
-    avg = _one_step_average(est, X)
-    flat = clean.reshape(len(X), -1).astype(np.float64)
+    # on the images as the fit saw them (filtered at the default noise_std): the filter is
+    # linear, so the means estimate the filtered clean images
+    avg = _one_step_average(est, est.filter_.transform(X).reshape(X.shape))
+    flat = est.filter_.transform(clean).astype(np.float64)
     err_means = np.linalg.norm(est.invariant_means_.astype(np.float64) - flat, axis=1)
     err_avg = np.linalg.norm(avg - flat, axis=1)
     assert np.median(err_means) < 0.95 * np.median(err_avg)
@@ -403,3 +405,55 @@ def test_near_copies_are_not_clusters_of_their_own(n_groups, n_copies, noise, n_
     assert est.n_clusters_ == n_groups
     assert np.bincount(est.labels_).min() >= 0.02 * len(X2) / n_groups
     assert np.array_equal(est.labels_[len(X):], est.labels_[pick])
+
+
+# ------------------------------------------------------------------ the noise filter (issue 20)
+@pytest.mark.parametrize("n_groups, n_copies, noise", [(4, 10, 0.4), (3, 16, 0.6)])
+def test_fit_filters_the_noise_it_measures(n_groups, n_copies, noise):
+    X, _, _ = _noisy_figure2(n_groups, n_copies, noise, seed=n_copies)
+    est = _fit(X, n_clusters=n_groups, random_state=0)
+    assert abs(est.noise_std_ - noise) < 0.1 * noise and not est.filter_.is_identity
+    # the default fit is the fit of the filtered images with the filter off
+    Xf = est.filter_.transform(X).reshape(X.shape)
+    off = _fit(Xf, n_clusters=n_groups, random_state=0, noise_std=0)
+    assert off.noise_std_ == 0 and off.filter_.is_identity
+    np.testing.assert_array_equal(est.labels_, off.labels_)
+    np.testing.assert_allclose(est.invariant_means_, off.invariant_means_, atol=1e-5)
+    # new images go through the same filter: transform's distances are those of the filtered
+    np.testing.assert_allclose(est.transform(X[:5]), off.transform(Xf[:5]), rtol=1e-4,
+                               atol=1e-4)
+    np.testing.assert_array_equal(est.predict(X), off.predict(Xf))
+
+
+@pytest.mark.parametrize("n_groups, n_copies", [(3, 8), (10, 20)])
+def test_clean_images_are_nearly_not_filtered(n_groups, n_copies):
+    # rotated (interpolated) digits measure a trace of noise (0.010); the filter then changes
+    # them by under 1% of their norm
+    X, _, _ = _noisy_figure2(n_groups, n_copies, 0.0, seed=1)
+    est = _fit(X, n_clusters=n_groups, random_state=0)
+    assert est.noise_std_ < 0.02
+    Xf = est.filter_.transform(X)
+    assert np.linalg.norm(Xf - X.reshape(len(X), -1)) < 0.01 * np.linalg.norm(X)
+
+
+def test_edges_of_small_images_are_not_taken_for_noise():
+    # scikit-learn's 8 x 8 digits: the Haar detail measures 0.14, but their highest
+    # frequencies hold 0.4 of what white noise of that level would: no filter
+    from invariant_cluster.datasets import load_digits_images
+    from invariant_cluster.denoise import estimate_noise_std
+
+    X = load_digits_images().images[:600].astype(np.float32)
+    assert estimate_noise_std(X[:, None]) > 0.1
+    est = _fit(X, n_clusters=10, random_state=0, max_rotation=20, n_rotations=5)
+    assert est.noise_std_ == 0.0 and est.filter_.is_identity
+    # the same digits with noise added are filtered, the noise measured within 10%
+    noisy = X + 0.4 * np.random.default_rng(0).standard_normal(X.shape).astype(np.float32)
+    est = _fit(noisy, n_clusters=10, random_state=0, max_rotation=20, n_rotations=5)
+    assert not est.filter_.is_identity
+
+
+@pytest.mark.parametrize("bad", [-1.0, "loud"])
+def test_bad_noise_std_names_the_argument(bad):
+    X, _, _ = _noisy_figure2(2, 4, 0.1, seed=1)
+    with pytest.raises((ValueError, TypeError), match="noise_std"):
+        InvariantAttentionClusterer(noise_std=bad).fit(X)
