@@ -111,6 +111,8 @@ def table_clustering(r):
         out.append("")
     if "sweep" in r:
         out.append(table_generic({"rows": r["sweep"]}))
+    if r.get("note"):
+        out.append(r["note"])
     return "\n".join(out).strip()
 
 
@@ -238,12 +240,19 @@ def table_noise(r):
             for m in methods]
     out = [md_table(head, rows), ""]
     first = {s: next(row for row in summary if row["sigma"] == s) for s in sigmas}
-    out.append(md_table(
-        ["sigma", "purity, samples' graph", "purity, means' graph", "corr(noisy, clean)",
-         "corr(one-step average, clean)", "corr(invariant mean, clean)"],
-        [[fmt(s, 1), first[s]["purity_samples"], first[s]["purity_means"],
-          first[s]["corr_noisy"], first[s]["corr_one_step"], first[s]["corr_means"]]
-         for s in sigmas]))
+    cols = [("purity_samples", "purity, samples' graph"), ("purity_means", "purity, means' graph"),
+            ("corr_noisy", "corr(noisy, clean)"),
+            ("corr_one_step", "corr(one-step average, clean)"),
+            ("corr_means", "corr(invariant mean, clean)")]
+    if "noise_measured" in first[sigmas[0]]:
+        # the runs with the noise filter: the same on the filtered images, which fit sees
+        cols = [("noise_measured", "noise measured")] + cols + [
+            ("purity_samples_filtered", "filtered: purity, samples' graph"),
+            ("purity_means_filtered", "filtered: purity, means' graph"),
+            ("corr_one_step_filtered", "filtered: corr(one-step average, clean)"),
+            ("corr_means_filtered", "filtered: corr(invariant mean, clean)")]
+    out.append(md_table(["sigma"] + [c[1] for c in cols],
+                        [[fmt(s, 1)] + [first[s][c[0]] for c in cols] for s in sigmas]))
     fits = [row for row in r.get("rows", []) if row.get("n_clusters_found") is not None]
     for row in fits:
         agree = row.get("predict_agreement")
