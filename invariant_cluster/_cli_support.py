@@ -55,6 +55,13 @@ def _bandwidth(text):
     return text if text == "auto" else _positive_float(text)
 
 
+_noise_float = _number(float, 0, what="'auto' or a number >= 0")
+
+
+def _noise_std(text):
+    return text if text == "auto" else _noise_float(text)
+
+
 class _Progress:
     """A tqdm bar over a few named stages; the elapsed time ticks while a stage runs.
 

@@ -47,6 +47,7 @@ from ._cli_support import (
     _check_out,
     _clear,
     _environment,
+    _noise_std,
     _nonnegative_float,
     _nonnegative_int,
     _positive_int,
@@ -164,6 +165,9 @@ def _add_estimator_options(p):
     g.add_argument("--max-iter", type=_nonnegative_int, metavar="N",
                    help="most attention iterations")
     g.add_argument("--tol", type=_nonnegative_float, help="stop when the means move less")
+    g.add_argument("--noise-std", type=_noise_std, metavar="auto|SIGMA",
+                   help="white noise damped before the search: 'auto' (measured on the images; "
+                        "the default), its known standard deviation, or 0 for no filter")
     _add_running_options(p)
 
 
@@ -171,7 +175,7 @@ def _estimator_params(args, **fixed):
     """Only the options the user gave, so that the estimator's own defaults apply otherwise."""
     names = ["n_clusters", "group", "max_rotation", "n_rotations", "max_translation",
              "n_neighbors", "bandwidth", "update", "max_iter", "tol", "refine", "reflection",
-             "device", "batch_size"]
+             "device", "batch_size", "noise_std"]
     params = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
     params["random_state"] = args.seed
     # on a terminal the estimator's progress bars are on (stderr), unless --quiet

@@ -116,6 +116,8 @@ class TestFit:
         (["--group", "affine"], "--group"),
         (["--max-rotation", "400"], "--max-rotation"),
         (["--bandwidth", "-1"], "--bandwidth"),
+        (["--noise-std", "-0.5"], "--noise-std"),
+        (["--noise-std", "loud"], "--noise-std"),
         (["--n-neighbors", "0"], "--n-neighbors"),
         (["--image-shape", "4"], "--image-shape"),
     ])
@@ -231,3 +233,15 @@ class TestHelp:
                 "print(any(m in sys.modules for m in ('torch', 'numpy', 'kornia')))")
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert proc.stdout.strip() == "False", proc.stderr
+
+
+@pytest.mark.parametrize("given, expected", [([], None), (["--noise-std", "auto"], "auto"),
+                                             (["--noise-std", "0"], 0.0),
+                                             (["--noise-std", "0.25"], 0.25)])
+def test_noise_std_reaches_the_estimator(given, expected):
+    from invariant_cluster.cli import _estimator_params, build_parser
+
+    args = build_parser().parse_args(["fit", "x.npy", *given])
+    params = _estimator_params(args)
+    # not given: the estimator's own default ("auto") applies
+    assert params.get("noise_std") == expected

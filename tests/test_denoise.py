@@ -421,3 +421,22 @@ class TestRadialWiener:
         X[1, 2, 2] = np.nan
         with pytest.raises(ValueError, match="NaN"):
             RadialWiener().fit(X)
+
+    def test_in_a_pipeline_before_the_neighbour_search(self):
+        # the filter's flat rows feed InvariantKNeighborsTransformer; quarter turns of one noisy
+        # shape are filtered into quarter turns of one image, found as neighbours at distance 0
+        from sklearn.pipeline import make_pipeline
+
+        base = _shapes(1, 12, 12, seed=4)[0] + 0.3 * np.random.default_rng(4).standard_normal(
+            (12, 12))
+        others = _shapes(8, 12, 12, seed=9) + 0.3 * np.random.default_rng(9).standard_normal(
+            (8, 12, 12))
+        X = np.concatenate([np.stack([np.rot90(base, k) for k in range(4)]), others])
+        pipe = make_pipeline(RadialWiener(),
+                             InvariantKNeighborsTransformer(n_neighbors=3, n_rotations=4,
+                                                            refine=False, device="cpu"))
+        G = pipe.fit_transform(X.reshape(len(X), -1).astype(np.float32)).tocsr()
+        for i in range(4):
+            row = G[i]
+            near = set(row.indices[row.data < 1e-3 * X.var() * 144]) - {i}
+            assert near == set(range(4)) - {i}
