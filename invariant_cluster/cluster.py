@@ -330,9 +330,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
     def _filtered(self, Xt):
         """New images as the fit saw them: filtered in place by ``filter_`` (``Xt`` is a
         copy made by ``_tensor``)."""
-        if not self.filter_.is_identity:
-            self.filter_._filter_tensor(Xt, out=Xt)
-        return Xt
+        return self.filter_._filter_tensor(Xt, in_place=True)
 
     def _log(self, msg):
         if self.verbose:
@@ -379,8 +377,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         with _thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose):
             Xt = self._tensor(X2, dev)
             if filtered:
-                # in place: Xt is the fit's own copy
-                self.filter_._filter_tensor(Xt, out=Xt)
+                self._filtered(Xt)
                 self._log(f"noise {self.noise_std_:.3g} filtered "
                           f"({time.perf_counter() - t0:.1f} s)")
             # 1. search: the invariant kNN graph of the samples (squared distances)

@@ -527,14 +527,12 @@ class RadialWiener(ImageInputMixin, TransformerMixin, BaseEstimator):
         check_is_fitted(self)
         return bool(np.all(self.gain_ == 1.0))
 
-    def _filter_tensor(self, Xt, out=None):
-        """Filtered images ``(n, C, H, W)`` (``Xt`` unchanged, or written into ``out``)."""
+    def _filter_tensor(self, Xt, in_place=False):
+        """Filtered images ``(n, C, H, W)``: a new tensor, or ``Xt`` itself filtered in place
+        (``in_place``, for a caller's own copy; nothing to do when the gain is 1)."""
         if self.is_identity:
-            if out is not None and out is not Xt:
-                out.copy_(Xt)
-                return out
-            return Xt if out is not None else Xt.clone()
-        return apply_radial_gain(Xt, self.gain_, out=out)
+            return Xt if in_place else Xt.clone()
+        return apply_radial_gain(Xt, self.gain_, out=Xt if in_place else None)
 
     def transform(self, X):
         """The filtered images, flattened.
