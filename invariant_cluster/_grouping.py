@@ -366,7 +366,7 @@ def _search_resolution(run, n_clusters, max_steps, min_size=1):
             best, best_count = labels, c
         if c == n_clusters:
             break
-        point = (x, math.log(c), part)
+        point = (x, math.log(max(c, 1)), part)
         if c > n_clusters:
             if finer is None:
                 # from now on the probes merge this partition's communities: counts from the
@@ -489,7 +489,7 @@ def resolve_graph(graph, index, index_means):
 
 
 def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, random_state,
-          modes=None):
+          modes=None, weights=None):
     """Labels from the samples' and the means' kNN graphs (``(n, k)`` arrays, self left out).
 
     ``graph``: "samples", "means", "both" (the union of their fuzzy graphs) or "auto" ("both"
@@ -497,30 +497,34 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
     graph, else "samples"). ``grouping``: "leiden" (resolution bisected to give
     ``n_clusters``; None: resolution 1, modularity) or "umap" (umap-learn's layout of the graph,
     then k-means, or HDBSCAN for ``n_clusters=None``). ``modes``: the converged means' modes
-    (:func:`graph_modes`), used by ``n_clusters=None`` with "leiden" (:func:`merge_by_modes`).
-    Returns ``(labels, graph_used)``.
+    (:func:`graph_modes`), used by ``n_clusters=None`` with "leiden" (:func:`count_groups`).
+    ``weights``: how many samples each node stands for (see :func:`separated_groups`).
+    Returns ``(labels, graph_used, rule)``: ``rule`` says what decided the count ("given",
+    "separated", "modularity" or "hdbscan", see :func:`count_groups`).
     """
     n = index.shape[0]
     graph = resolve_graph(graph, index, index_means)
     if n_clusters is not None and n <= n_clusters:
-        return np.arange(n), graph
+        return np.arange(n), graph, "given"
     if n_clusters is None and grouping == "leiden":
-        return _leiden_count(index, dist, index_means, dist_means, graph, modes,
-                             random_state), graph
+        labels, rule, _ = count_groups(index, dist, index_means, dist_means, graph, modes,
+                                       random_state, weights)
+        return labels, graph, rule
+    rule = "given" if n_clusters is not None else "hdbscan"
     if grouping == "umap" and graph != "both":
         idx, dst = (index, dist) if graph == "samples" else (index_means, dist_means)
-        return embed_and_cluster(idx, dst, n_clusters, random_state), graph
+        return embed_and_cluster(idx, dst, n_clusters, random_state), graph, rule
     G = _union_graph(index, dist, index_means, dist_means, graph, random_state)
     if grouping == "umap":
         emb = embed_fuzzy_graph(G, random_state)
-        return _cluster_embedding(emb, n_clusters, random_state), graph
+        return _cluster_embedding(emb, n_clusters, random_state), graph, rule
     labels = leiden(G, n_clusters, random_state)
     if n_clusters is not None and int(labels.max()) + 1 != n_clusters:
         # no resolution gives n_clusters parts (e.g. more connected components than that):
         # k-means on the layout of the same graph
         labels = _cluster_embedding(embed_fuzzy_graph(G, random_state), n_clusters,
                                     random_state)
-    return labels, graph
+    return labels, graph, rule
 
 
 def _means_graph(index_means, dist_means, random_state):
@@ -569,6 +573,149 @@ def merge_by_modes(labels: np.ndarray, modes) -> np.ndarray:
     if np.unique(pairs[:, 0]).size != pairs.shape[0]:  # a community straddles two modes
         return labels
     return np.unique(modes, return_inverse=True)[1].astype(np.int64)
+
+
+# The count of separated groups (n_clusters=None). A partition of the samples' kNN graph into
+# groups of at least SEPARATED_MIN_SIZE samples is "separated" when the shortest edge between
+# two groups is at least SEPARATED_MIN_GAP times the longest edge of the single-linkage tree
+# that holds any group together (a single-linkage Dunn index). Such a partition is what exact
+# or near copies of a few shapes give: 150 copy sets in benchmarks/results/count.json. Natural
+# classes chain into each other and have none: the best ratio on 2,000 MNIST digits rotated
+# within +-45 degrees is 1.001-1.002 (seeds 0-2). Samples of tiny parts (fewer than
+# SEPARATED_MIN_SIZE, at most SEPARATED_MAX_OUTLIERS of all) join the group they meet first.
+SEPARATED_MIN_GAP = 1.25
+SEPARATED_MIN_SIZE = 3
+SEPARATED_MAX_OUTLIERS = 0.1
+
+
+def _symmetric_distances(index: np.ndarray, dist: np.ndarray):
+    """The kNN graph as a symmetric sparse ``(n, n)`` matrix of distances (the smaller of the
+    two directions; zeros raised to a tiny positive value, which sparse graphs would drop)."""
+    from scipy.sparse import csr_matrix
+
+    n, k = index.shape
+    rows = np.repeat(np.arange(n), k)
+    cols = np.asarray(index, dtype=np.int64).ravel()
+    d = np.asarray(dist, dtype=np.float64).ravel()
+    keep = (rows != cols) & np.isfinite(d)
+    rows, cols, d = rows[keep], cols[keep], d[keep]
+    pos = d[d > 0]
+    d = np.maximum(d, 1e-9 * (pos.min() if pos.size else 1.0))
+    r, c = np.r_[rows, cols], np.r_[cols, rows]
+    dd = np.r_[d, d]
+    order = np.lexsort((dd, c, r))
+    r, c, dd = r[order], c[order], dd[order]
+    first = np.r_[True, (r[1:] != r[:-1]) | (c[1:] != c[:-1])]
+    return csr_matrix((dd[first], (r[first], c[first])), shape=(n, n))
+
+
+def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPARATED_MIN_GAP,
+                     min_size: int = SEPARATED_MIN_SIZE,
+                     max_outliers: float = SEPARATED_MAX_OUTLIERS, weights=None):
+    """The finest separated partition of a kNN graph, if it has one.
+
+    The minimum spanning tree of the graph (its single-linkage tree) is built edge by edge,
+    shortest first. Just before each edge that joins two parts of at least ``min_size``
+    samples, the parts of that size are a candidate partition, its separation the ratio of that
+    edge to the longest edge inside any of them; parts of the graph that are not connected at
+    all are separated infinitely. Returns ``(labels, separation)`` for the candidate with the
+    most groups among those separated by at least ``min_gap`` with at most ``max_outliers`` of
+    the samples in smaller parts (each of those joins the group it meets first along the tree),
+    or ``(None, best separation seen)``. ``weights``: how many samples each node stands for
+    (a representative of duplicates), counted in the sizes; None: one each.
+    """
+    from scipy.sparse.csgraph import minimum_spanning_tree
+
+    n = index.shape[0]
+    w_node = np.ones(n, dtype=np.int64) if weights is None else np.asarray(weights, np.int64)
+    total = int(w_node.sum())
+    if total < 2 * min_size or index.shape[1] == 0:
+        return None, 1.0
+    T = minimum_spanning_tree(_symmetric_distances(index, dist)).tocoo()
+    order = np.argsort(T.data, kind="stable")
+    ei, ej, ew = T.row[order], T.col[order], T.data[order]
+    parent = np.arange(n)
+    size = w_node.copy()
+    inner = np.zeros(n)  # longest tree edge inside each part
+
+    def find(a):
+        root = a
+        while parent[root] != root:
+            root = parent[root]
+        while parent[a] != root:
+            parent[a], a = root, parent[a]
+        return root
+
+    big0 = size >= min_size
+    n_big, covered, longest = int(big0.sum()), int(size[big0].sum()), 0.0
+    best, best_ratio = None, 1.0  # (groups, edges taken) of the chosen candidate
+    for e in range(len(ew)):
+        a, b, w = find(ei[e]), find(ej[e]), float(ew[e])
+        big_a, big_b = size[a] >= min_size, size[b] >= min_size
+        if big_a and big_b:
+            ratio = w / max(longest, 1e-300)
+            if total - covered <= max_outliers * total:
+                best_ratio = max(best_ratio, ratio)
+                if ratio >= min_gap and (best is None or n_big > best[0]):
+                    best = (n_big, e)
+        if size[a] < size[b]:
+            a, b = b, a
+        parent[b] = a
+        before = (size[a] if big_a else 0) + (size[b] if big_b else 0)
+        size[a] += size[b]
+        inner[a] = max(inner[a], inner[b], w)
+        if size[a] >= min_size:
+            n_big += 1 - int(big_a) - int(big_b)
+            covered += size[a] - before
+            longest = max(longest, inner[a])
+    if n_big >= 2 and total - covered <= max_outliers * total:
+        best_ratio = math.inf
+        if best is None or n_big > best[0]:
+            best = (n_big, len(ew))
+    if best is None:
+        return None, best_ratio
+    return _cut_tree(n, ei, ej, best[1], min_size, w_node), best_ratio
+
+
+def _cut_tree(n, ei, ej, n_edges, min_size, weights):
+    """Labels of the parts of at least ``min_size`` samples joined by the tree's first
+    ``n_edges`` edges; a smaller part joins the first of them it meets along the later
+    edges (single linkage), and stays alone if it meets none."""
+    parts = connected_components(
+        coo_matrix((np.ones(n_edges), (ei[:n_edges], ej[:n_edges])), shape=(n, n)),
+        directed=False)[1]
+    sizes = np.bincount(parts, weights=weights)
+    group = np.where(sizes >= min_size, np.arange(sizes.size), -1)
+    parent = np.arange(sizes.size)
+
+    def find(a):
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for e in range(n_edges, len(ei)):
+        a, b = find(parts[ei[e]]), find(parts[ej[e]])
+        if a == b or (group[a] >= 0 and group[b] >= 0):
+            continue
+        parent[b] = a
+        group[a] = group[a] if group[a] >= 0 else group[b]
+    roots = np.array([find(p) for p in range(sizes.size)])
+    labels = np.where(group[roots] >= 0, group[roots], sizes.size + roots)[parts]
+    return np.unique(labels, return_inverse=True)[1].astype(np.int64)
+
+
+def count_groups(index, dist, index_means, dist_means, graph, modes, random_state,
+                 weights=None):
+    """``n_clusters=None``: the separated groups of the samples' kNN graph when there are
+    (:func:`separated_groups`), else modularity's communities merged along the converged means
+    (:func:`_leiden_count`). Returns ``(labels, rule, separation)``, ``rule`` "separated" or
+    "modularity"."""
+    labels, separation = separated_groups(index, dist, weights=weights)
+    if labels is not None:
+        return labels, "separated", separation
+    return (_leiden_count(index, dist, index_means, dist_means, graph, modes, random_state),
+            "modularity", separation)
 
 
 def _leiden_count(index, dist, index_means, dist_means, graph, modes, random_state):

@@ -21,6 +21,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from . import _memory
+from ._duplicates import near_duplicates, unique_in_canonical_order
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
 from ._grouping import (
     DECIDE_ROWS,
@@ -41,10 +42,11 @@ from ._iteration import (  # noqa: F401 - the iteration's names, importable from
     mean_shift,
 )
 from ._progress import progress, progress_bar
-from ._utils import resolve_device, to_tensor
+from ._utils import resolve_device
 from .barycenters import cluster_means
 from .denoise import RadialWiener
-from .search import all_pairs, candidate_search, knn_search
+from .search import all_pairs, candidate_search, knn_search, refine_pairs
+from .transforms import fast_warp
 
 __all__ = ["InvariantAttentionClusterer", "invariant_attention_clustering"]
 
@@ -360,12 +362,15 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         dev = resolve_device(self.device)
         grid = self._grid(refine=False)
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
-        k = int(min(self.n_neighbors, n - 1))
-        # 0. the noise, measured on (at most 10,000 of) the images as given
-        self.filter_ = RadialWiener(self.noise_std, image_shape=self.image_shape_)._fit_tensor(
-            to_tensor(X2).reshape(-1, *self.image_shape_))
+        # the distinct images in an order set by their content: the fit does not depend on the
+        # order of the samples or on how often an image is stored (see _duplicates)
+        first, inverse = unique_in_canonical_order(X2)
+        # 0. the noise, measured on (at most 10,000 of) the distinct images
+        Xu = self._tensor(X2[first], dev)
+        self.filter_ = RadialWiener(self.noise_std, image_shape=self.image_shape_)._fit_tensor(Xu)
         self.noise_std_ = float(self.filter_.noise_std_)
         filtered = not self.filter_.is_identity
+        k = int(min(self.n_neighbors, len(first) - 1))
         # a fit that cannot fit fails now, not after an hour of search
         c = _memory.shortlist_length(self.neighbor_search, self.n_candidates, k, n, grid.size)
         _memory.check_fits(
@@ -375,15 +380,22 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
             hint="fit a subset, lower n_neighbors, or run on a machine with more memory")
         t0 = time.perf_counter()
         with _thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose):
-            Xt = self._tensor(X2, dev)
             if filtered:
-                self._filtered(Xt)
+                self._filtered(Xu)
                 self._log(f"noise {self.noise_std_:.3g} filtered "
                           f"({time.perf_counter() - t0:.1f} s)")
-            # 1. search: the invariant kNN graph of the samples (squared distances)
-            D, idx, P = knn_search(Xt, Xt, grid, k, method=self.neighbor_search,
-                                   n_candidates=self.n_candidates, batch_size=self.batch_size,
-                                   exclude=torch.arange(n, device=dev), client=self.client)
+            # 1. search: the invariant kNN graph of the samples (squared distances), on one
+            # representative of each group of (near) duplicates
+            D, idx, P = self._search(Xu, grid, k)
+            dup = near_duplicates(D, idx)
+            Xt, rep_u = Xu, np.arange(len(first))
+            if dup is not None:
+                rep_u = np.unique(dup[0])
+                Xt = Xu[torch.as_tensor(rep_u, device=dev)]
+                k = int(min(self.n_neighbors, len(rep_u) - 1))
+                D, idx, P = self._search(Xt, grid, k)
+                self._log(f"{len(first) - len(rep_u)} near duplicates set aside")
+            m = Xt.shape[0]
             self._log(f"kNN graph (k={k}): {time.perf_counter() - t0:.1f} s")
             # 2. bandwidth
             rho, sigma = calibrate_bandwidth(D.clamp(min=0).sqrt(), self.bandwidth)
@@ -394,12 +406,20 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
             self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
             # 4. group: Leiden on the samples' graph or its union with the means' graph
             stage = progress_bar(1, "grouping", "stage")
-            labels, Dg = self._group(D, idx, M, grid, k, seed, rho + sigma)
+            core = np.zeros(len(first), dtype=np.int64)
+            core[rep_u] = np.arange(m)
+            if dup is not None:
+                core = core[dup[0]]
+            sample = core[inverse]  # each sample's row in the fit's arrays
+            labels, Dg = self._group(D, idx, M, grid, k, seed, rho + sigma,
+                                     np.bincount(sample, minlength=m))
             stage.update()
             stage.close()
             self._log(f"{int(labels.max()) + 1} clusters ({time.perf_counter() - t0:.1f} s)")
             # 5. centres: each cluster's invariant mean, started at its densest converged mean
             centers, params = cluster_means(Xt, M, labels, self._grid(), self.batch_size, Dg)
+            # every sample takes its representative's results (a near duplicate its own pose)
+            M, params = self._expand(Xu, Xt, M, params, centers, labels, core, dup)
         if self.max_iter > 0 and not converged:
             warnings.warn(
                 f"InvariantAttentionClusterer did not converge in max_iter={self.max_iter} "
@@ -409,29 +429,70 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
                 stacklevel=2,
             )
         np_dtype = X2.dtype
-        self.labels_ = labels.astype(np.int64)
+        self.labels_ = labels[sample].astype(np.int64)
         self.n_clusters_ = int(labels.max()) + 1
         self.cluster_centers_ = centers.reshape(self.n_clusters_, -1).cpu().numpy().astype(
             np_dtype)
-        self.invariant_means_ = M.reshape(n, -1).cpu().numpy().astype(np_dtype)
-        self.alignments_ = params.cpu().numpy().astype(np.float64)
-        self.bandwidth_ = sigma.cpu().numpy().astype(np.float64)
-        self.rho_ = rho.cpu().numpy().astype(np.float64)
+        self.invariant_means_ = M.reshape(len(first), -1).cpu().numpy()[inverse].astype(np_dtype)
+        self.alignments_ = params.cpu().numpy().astype(np.float64)[inverse]
+        self.bandwidth_ = sigma.cpu().numpy().astype(np.float64)[sample]
+        self.rho_ = rho.cpu().numpy().astype(np.float64)[sample]
         # predict votes among the nearest fitted samples, as KNeighborsClassifier does
-        self._fit_X = Xt.reshape(n, -1).cpu().numpy() if filtered else X2
-        self.neighbors_ = torch.cat(
-            [torch.arange(n, device=idx.device)[:, None], idx], 1).cpu().numpy()
-        self.attention_weights_ = W.cpu().numpy().astype(np.float64)
+        self._fit_X = Xu.reshape(len(first), -1).cpu().numpy()[inverse] if filtered else X2
+        # the samples each attended to, as indices of the input (a representative's original)
+        original = first[rep_u]
+        self.neighbors_ = np.concatenate(
+            [np.arange(n)[:, None], original[idx.cpu().numpy()][sample]], 1)
+        self.attention_weights_ = W.cpu().numpy().astype(np.float64)[sample]
         self.history_ = [float(h) for h in history]
         self.n_iter_ = len(history)
         self._log(f"done: {self.n_clusters_} clusters in {time.perf_counter() - t0:.1f} s")
         return self
 
-    def _group(self, D, idx, M, grid, k, seed, tol_modes):
+    def _search(self, Xt, grid, k):
+        """The invariant kNN graph of ``Xt`` (each sample left out of its own list)."""
+        return knn_search(Xt, Xt, grid, k, method=self.neighbor_search,
+                          n_candidates=self.n_candidates, batch_size=self.batch_size,
+                          exclude=torch.arange(Xt.shape[0], device=Xt.device),
+                          client=self.client)
+
+    def _expand(self, Xu, Xt, M, params, centers, labels, core, dup):
+        """The means and alignments of every distinct image ``Xu`` from those of the
+        representatives ``Xt``: a near duplicate takes its representative's mean warped into
+        its own pose, and its own alignment onto its cluster's centre."""
+        if dup is None:
+            return M, params
+        (rep,) = dup
+        own = np.flatnonzero(rep != np.arange(len(rep)))
+        Mu, Pu = M[torch.as_tensor(core, device=M.device)], params[torch.as_tensor(
+            core, device=M.device)]
+        if own.size == 0:
+            return Mu, Pu
+        grid = self._grid(refine=False)
+        dev = Xu.device
+        rows = torch.as_tensor(own, device=dev)
+        reps = torch.as_tensor(rep[own], device=dev)
+        # the representative warped onto the near duplicate (its pose), then the near duplicate
+        # onto its centre
+        _, _, to_own = candidate_search(Xu[rows], Xu, reps[:, None], grid, k=1,
+                                        batch_size=self.batch_size)
+        Mu[rows] = fast_warp(Mu[rows], to_own[:, 0].to(Mu.dtype))
+        lab = torch.as_tensor(labels[core[own]], device=dev)
+        C = centers[lab]
+        _, _, onto = candidate_search(C, Xu[rows], torch.arange(len(own), device=dev)[:, None],
+                                      grid, k=1, batch_size=self.batch_size)
+        refine = self._grid()
+        d, p = refine_pairs(C, Xu[rows], torch.arange(len(own), device=dev),
+                            torch.arange(len(own), device=dev), onto[:, 0], refine)
+        Pu[rows] = p.to(Pu.dtype)
+        return Mu, Pu
+
+    def _group(self, D, idx, M, grid, k, seed, tol_modes, weights):
         """Labels (largest cluster first) from the samples' graph ``(D, idx)``, the means'
         graph, or their union (see ``graph``); and the distances of the graph that ranks each
         cluster's densest member. ``tol_modes``: the edge length within which two converged
-        means are one mode (a tensor, used by ``n_clusters=None``)."""
+        means are one mode (a tensor, used by ``n_clusters=None``); ``weights``: the samples
+        each row stands for (its duplicates)."""
         idx_m = dist_m = modes = None
         Dg = D
         graph = self.graph
@@ -466,8 +527,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
                 idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
             if graph == "means":
                 Dg = Dm
-        labels, self.graph_ = group(idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m,
-                                    self.n_clusters, graph, self.grouping, seed, modes)
+        labels, self.graph_, self.count_rule_ = group(
+            idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m, self.n_clusters, graph,
+            self.grouping, seed, modes, weights)
         return _relabel_by_size(labels), Dg
 
     def fit_predict(self, X, y=None):

@@ -1,0 +1,491 @@
+"""How many clusters ``InvariantAttentionClusterer(n_clusters=None)`` finds, against the truth.
+
+Copy sets (the sweep): ``k`` shapes (k in 2, 3, 5, 8, 12) picked with
+``np.random.default_rng(seed).choice(len(pool), k, replace=False)``, each repeated ``c`` times
+(c in 3, 4, 12, 40, 100) by ``make_transformed_copies(image, c, max_rotation=180,
+max_translation=..., random_state=seed * 1000 + j)``; the truth is the shape. Three kinds:
+
+- ``digits8``: scikit-learn's 8x8 digits, copies at arbitrary angles (estimator defaults);
+- ``mnist_rot``: 28x28 MNIST test digits, copies at arbitrary angles (estimator defaults);
+- ``mnist_shift``: MNIST, arbitrary angles and shifts within +-2 px (``max_translation=2``).
+
+Each set clean and with Gaussian noise of std 0.1 (``default_rng(seed + 1)``): 150 sets.
+
+Natural classes (``--natural``): MNIST rotated within +-45 degrees (``bench_clustering``'s
+``rotated45`` variant and search range), n = ``--natural-n`` for each of ``--natural-seeds``; and
+Fashion-MNIST 10,000 with ``--fashion``. The estimator is also fitted with ``n_clusters=10``
+there (``acc_given_k``).
+
+Methods, in the same run on the same data (every baseline uses the estimator's search range):
+
+- ``estimator``: ``InvariantAttentionClusterer(n_clusters=None)``; ``count_rule`` and
+  ``separation`` are its ``count_rule_`` and ``separation_`` (None where they do not exist);
+- ``hdbscan_invariant``: scikit-learn's HDBSCAN (``min_cluster_size=3``) on the dense invariant
+  distances (``sqrt`` of ``invariant_distances``, made symmetric by the minimum); n <= 5,000;
+  noise (-1) is one more label for ARI/ACC and is not counted as a cluster;
+- ``leiden_modularity``: Leiden (leidenalg, modularity, resolution 1) on the invariant 15-NN
+  graph (``InvariantKNeighborsTransformer``), weights ``exp(-d / median(d))`` made symmetric
+  by the maximum;
+- ``hdbscan_umap``: umap-learn (10 components, 15 neighbours, ``min_dist=0``, precomputed) on
+  the same dense distances, then HDBSCAN (``min_cluster_size=max(3, n // 100)``); n <= 5,000.
+
+Duplicates and order (``--duplicates``): on copy sets (k in 2, 5, 12; c in 3, 12, 40; digits8
+and mnist_rot; clean) and on rotated MNIST (``--duplicates-natural-n``, seed 0), the estimator
+(``n_clusters=None`` and the true k) is fitted on X, on X twice, on X plus a copy moved by
+1e-4 noise and on X permuted; on rotated MNIST also with 10% and 50% of the images appended
+again.
+
+    python benchmarks/bench_count.py --quick --kinds digits8 --out /tmp/count_quick.json
+    python benchmarks/bench_count.py                      # the 150 copy sets (long)
+    python benchmarks/bench_count.py --no-sweep --natural --fashion
+    python benchmarks/bench_count.py --no-sweep --duplicates
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, environment, load_mnist_test, print_table, write_json  # noqa: E402
+from bench_clustering import VARIANTS, make_variant  # noqa: E402
+
+from invariant_cluster import InvariantAttentionClusterer  # noqa: E402
+
+KINDS = ("digits8", "mnist_rot", "mnist_shift")
+SHAPES = (2, 3, 5, 8, 12)
+COPIES = (3, 4, 12, 40, 100)
+NOISES = (0.0, 0.1)
+METHODS = ("estimator", "hdbscan_invariant", "leiden_modularity", "hdbscan_umap")
+MAX_DENSE = 5000  # the dense baselines hold an n x n matrix
+COLUMNS = ["set", "n", "method", "k", "count", "ari", "acc", "seconds", "count_rule",
+           "noise_fraction", "error"]
+
+
+# --------------------------------------------------------------------------------------- data
+
+
+def search_params(kind):
+    """The estimator's search range for a kind of copy set (the rest are its defaults)."""
+    return dict(max_translation=2) if kind == "mnist_shift" else {}
+
+
+_POOLS = {}
+
+
+def pool(kind, data=None):
+    if kind not in _POOLS:
+        if kind == "digits8":
+            from invariant_cluster.datasets import load_digits_images
+
+            images = load_digits_images().images.astype(np.float32)
+        else:
+            images, _ = load_mnist_test(data)
+            if images.max() > 1:
+                images = images / 255.0
+        _POOLS[kind] = images.astype(np.float32)
+    return _POOLS[kind]
+
+
+def copy_set(kind, k, c, noise, seed, data=None):
+    from invariant_cluster.datasets import make_transformed_copies
+
+    images = pool(kind, data)
+    picks = np.random.default_rng(seed).choice(len(images), k, replace=False)
+    shift = search_params(kind).get("max_translation", 0)
+    X = np.concatenate([make_transformed_copies(images[i], c, max_rotation=180,
+                                                max_translation=shift,
+                                                random_state=seed * 1000 + j)[0]
+                        for j, i in enumerate(picks)])
+    if noise:
+        X = X + noise * np.random.default_rng(seed + 1).standard_normal(X.shape)
+    return X.astype(np.float32), np.repeat(np.arange(k), c)
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def plain(v):
+    """A JSON-able copy of a fitted attribute (NumPy scalars and arrays, dicts, tuples)."""
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, dict):
+        return {str(a): plain(b) for a, b in v.items()}
+    if isinstance(v, list | tuple):
+        return [plain(x) for x in v]
+    return str(v)
+
+
+def measure(y, labels):
+    from sklearn.metrics import adjusted_rand_score
+
+    from invariant_cluster.metrics import clustering_accuracy
+
+    labels = np.asarray(labels)
+    return {"count": int(np.unique(labels[labels >= 0]).size),
+            "ari": float(adjusted_rand_score(y, labels)),
+            "acc": float(clustering_accuracy(y, labels))}
+
+
+def timed(fn, *a, **kw):
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = fn(*a, **kw)
+    return out, time.perf_counter() - t0
+
+
+def error_text(e):
+    return f"{type(e).__name__}: {e}"[:500]
+
+
+def fit_estimator(X, n_clusters, seed, search):
+    est = InvariantAttentionClusterer(n_clusters=n_clusters, random_state=seed, **search)
+    return est.fit(X.reshape(len(X), -1))
+
+
+# ---------------------------------------------------------------------------------- baselines
+
+
+def dense_distances(X, search):
+    """Invariant distances (not squared), symmetric by the minimum, zero diagonal."""
+    from invariant_cluster import invariant_distances
+
+    D = np.asarray(invariant_distances(X.reshape(len(X), -1), **search), dtype=np.float64)
+    D = np.sqrt(np.clip(D, 0, None))
+    D = np.minimum(D, D.T)
+    np.fill_diagonal(D, 0.0)
+    return D
+
+
+def hdbscan_invariant(D):
+    from sklearn.cluster import HDBSCAN
+
+    return HDBSCAN(metric="precomputed", min_cluster_size=3).fit_predict(D)
+
+
+def leiden_modularity(X, search, seed):
+    import igraph
+    import leidenalg
+    from scipy.sparse import csr_matrix, triu
+
+    from invariant_cluster import InvariantKNeighborsTransformer
+
+    n = len(X)
+    G = InvariantKNeighborsTransformer(n_neighbors=min(15, n - 1), **search)
+    G = G.fit_transform(X.reshape(n, -1)).tocoo()
+    off = G.row != G.col  # the graph stores each sample as its own zero-distance neighbour
+    r, c, d = G.row[off], G.col[off], G.data[off].astype(np.float64)
+    med = np.median(d[d > 0]) if np.any(d > 0) else 1.0
+    W = csr_matrix((np.exp(-d / med), (r, c)), shape=(n, n))
+    W = triu(W.maximum(W.T), k=1).tocoo()
+    g = igraph.Graph(n=n, edges=list(zip(W.row.tolist(), W.col.tolist())),
+                     edge_attrs={"weight": W.data.tolist()})
+    part = leidenalg.find_partition(g, leidenalg.ModularityVertexPartition, weights="weight",
+                                    seed=seed)
+    return np.asarray(part.membership)
+
+
+def hdbscan_umap(D, seed):
+    import umap
+    from sklearn.cluster import HDBSCAN
+
+    n = len(D)
+    emb = umap.UMAP(n_components=10, n_neighbors=15, min_dist=0.0, metric="precomputed",
+                    random_state=seed).fit_transform(D)
+    return HDBSCAN(min_cluster_size=max(3, n // 100)).fit_predict(emb)
+
+
+def run_methods(X, y, search, seed, base, given_k=None):
+    """Rows of the estimator and the three baselines on one data set."""
+    n, k = len(X), int(np.unique(y).size)
+    rows = []
+
+    def add(method, labels=None, seconds=None, error=None, **extra):
+        row = {**base, "n": n, "k": k, "method": method, "count": None, "ari": None,
+               "acc": None, "seconds": seconds, "error": error}
+        if labels is not None:
+            row.update(measure(y, labels))
+            row["count_error"] = row["count"] - k
+        row.update(extra)
+        rows.append(row)
+        print_table(rows[-1:], COLUMNS)
+
+    try:
+        est, t = timed(fit_estimator, X, None, seed, search)
+        extra = {"n_clusters_": int(est.n_clusters_),
+                 "count_rule": plain(getattr(est, "count_rule_", None)),
+                 "separation": plain(getattr(est, "separation_", None)),
+                 "graph_used": plain(getattr(est, "graph_", None))}
+        if given_k is not None:
+            try:
+                est_k, t_k = timed(fit_estimator, X, given_k, seed, search)
+                extra.update(acc_given_k=measure(y, est_k.labels_)["acc"], seconds_given_k=t_k)
+            except Exception as e:
+                extra.update(acc_given_k=None, error_given_k=error_text(e))
+        add("estimator", est.labels_, t, **extra)
+    except Exception as e:
+        add("estimator", error=error_text(e))
+
+    D, t_dist, dist_error = None, None, None
+    if n <= MAX_DENSE:
+        try:
+            D, t_dist = timed(dense_distances, X, search)
+        except Exception as e:
+            dist_error = error_text(e)
+    skipped = f"skipped: n > {MAX_DENSE}" if n > MAX_DENSE else None
+
+    if D is None:
+        add("hdbscan_invariant", error=skipped or dist_error)
+    else:
+        try:
+            lab, t = timed(hdbscan_invariant, D)
+            add("hdbscan_invariant", lab, t_dist + t, dist_seconds=t_dist,
+                noise_fraction=float(np.mean(lab < 0)))
+        except Exception as e:
+            add("hdbscan_invariant", error=error_text(e))
+
+    try:
+        lab, t = timed(leiden_modularity, X, search, seed)
+        add("leiden_modularity", lab, t)
+    except Exception as e:
+        add("leiden_modularity", error=error_text(e))
+
+    if D is None:
+        add("hdbscan_umap", error=skipped or dist_error)
+    else:
+        try:
+            lab, t = timed(hdbscan_umap, D, seed)
+            add("hdbscan_umap", lab, t_dist + t, dist_seconds=t_dist,
+                noise_fraction=float(np.mean(lab < 0)))
+        except Exception as e:  # umap-learn's precomputed metric on tiny sets (n < 20)
+            add("hdbscan_umap", error=error_text(e))
+    return rows
+
+
+def warm_up(seed):
+    """Import the baselines' libraries and compile umap-learn's kernels before any timing."""
+    import igraph  # noqa: F401
+    import leidenalg  # noqa: F401
+
+    rng = np.random.default_rng(seed)
+    try:  # the first fit of a process also pays torch's lazy set-up
+        timed(fit_estimator, rng.random((8, 8, 8), dtype=np.float32), None, seed, {})
+    except Exception as e:
+        print(f"warm-up: {error_text(e)}")
+    P = rng.standard_normal((60, 4))
+    D = np.sqrt(((P[:, None] - P[None]) ** 2).sum(-1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            hdbscan_invariant(D)
+            hdbscan_umap(D, seed)
+        except Exception as e:
+            print(f"warm-up: {error_text(e)}")
+
+
+# ------------------------------------------------------------------------------------ summary
+
+
+def summarize(rows):
+    """Per method, over the copy sets: the exact counts (with ARI >= 0.95), the worst miss."""
+    copies = [r for r in rows if r.get("copies") is not None]
+    out = []
+    kinds = sorted({r["kind"] for r in copies})
+    noises = sorted({r["noise"] for r in copies})
+    groups = [("all", "all")] + [(kd, "all") for kd in kinds] + [("all", s) for s in noises]
+    groups += [(kd, s) for kd in kinds for s in noises] if len(kinds) > 1 and len(noises) > 1 \
+        else []
+    for method in METHODS:
+        for kd, s in groups:
+            sel = [r for r in copies if r["method"] == method
+                   and kd in ("all", r["kind"]) and s in ("all", r["noise"])]
+            if not sel:
+                continue
+            done = [r for r in sel if r["count"] is not None]
+            out.append({
+                "method": method, "kind": kd, "noise": s, "sets": len(sel),
+                "exact": sum(r["count"] == r["k"] and r["ari"] >= 0.95 for r in done),
+                "exact_count": sum(r["count"] == r["k"] for r in done),
+                "max_abs_count_error": max((abs(r["count"] - r["k"]) for r in done),
+                                           default=None),
+                "mean_ari": float(np.mean([r["ari"] for r in done])) if done else None,
+                "failed": len(sel) - len(done),
+                "seconds": float(sum(r["seconds"] or 0.0 for r in sel)),
+            })
+    return out
+
+
+# --------------------------------------------------------------------------------- duplicates
+
+
+def _fit_into(row, name, Z, *, n_clusters, seed, search):
+    """Fit the estimator on ``Z``: its labels, or None when it raised (recorded in ``row``)."""
+    try:
+        est, t = timed(fit_estimator, Z, n_clusters, seed, search)
+    except Exception as e:
+        row.update({f"{name}_crashed": True, f"{name}_error": error_text(e)})
+        return None
+    row.update({f"{name}_crashed": False, f"{name}_seconds": t})
+    return est.labels_
+
+
+def duplicate_rows(X, y, search, seed, base, fractions=()):
+    """The estimator on X, X twice, X plus a 1e-4 copy and X permuted; n_clusters None and k.
+
+    ``fractions``: also fit X with a random share of its images appended again (ACC on the
+    whole set, to compare with ``single_acc``). ``<fit>_crashed``/``<fit>_error``: whether a
+    fit raised, and its message.
+    """
+    from sklearn.metrics import adjusted_rand_score
+
+    n, k = len(X), int(np.unique(y).size)
+    rng = np.random.default_rng(seed + 2)
+    near = (X + 1e-4 * rng.standard_normal(X.shape)).astype(np.float32)
+    perm = rng.permutation(n)
+    inv = np.argsort(perm)
+    appended = [np.random.default_rng(seed + 3 + i).choice(n, int(round(f * n)), replace=False)
+               for i, f in enumerate(fractions)]
+    rows = []
+    for n_clusters in (None, k):
+        row = {**base, "n": n, "k": k, "n_clusters": n_clusters}
+        fit = partial(_fit_into, row, n_clusters=n_clusters, seed=seed, search=search)
+        ref = fit("single", X)
+        if ref is not None:
+            row.update({f"single_{m}": v for m, v in measure(y, ref).items()})
+        for name, Z in (("doubled", np.concatenate([X, X])),
+                        ("near", np.concatenate([X, near]))):
+            lab = fit(name, Z)
+            if lab is not None:
+                row[f"{name}_count"] = measure(np.concatenate([y, y]), lab)["count"]
+                row[f"{name}_pairs_same"] = float(np.mean(lab[:n] == lab[n:]))
+                if ref is not None:
+                    row[f"{name}_ari_first_half_vs_single"] = float(
+                        adjusted_rand_score(ref, lab[:n]))
+        lab = fit("permuted", X[perm])
+        if lab is not None:
+            lab = lab[inv]
+            row["permuted_count"] = measure(y, lab)["count"]
+            if ref is not None:
+                row["permuted_ari_vs_single"] = float(adjusted_rand_score(ref, lab))
+        for f, sel in zip(fractions, appended):
+            tag = f"dup{int(round(100 * f))}"
+            lab = fit(tag, np.concatenate([X, X[sel]]))
+            if lab is not None:
+                m = measure(np.concatenate([y, y[sel]]), lab)
+                row.update({f"{tag}_acc": m["acc"], f"{tag}_count": m["count"]})
+        rows.append(row)
+        print_table(rows[-1:], [c for c in row if not c.endswith(("_error", "_seconds"))])
+    return rows
+
+
+# ----------------------------------------------------------------------------------------- run
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=None, help="folder with the MNIST/Fashion-MNIST test splits")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    p.add_argument("--shapes", nargs="+", type=int, default=list(SHAPES))
+    p.add_argument("--copies", nargs="+", type=int, default=list(COPIES))
+    p.add_argument("--noise", nargs="+", type=float, default=list(NOISES))
+    p.add_argument("--quick", action="store_true",
+                   help="k in 2, 5; c in 3, 40; clean only (intersected with the lists given)")
+    p.add_argument("--no-sweep", action="store_true", help="skip the copy sets")
+    p.add_argument("--natural", action="store_true", help="rotated MNIST rows")
+    p.add_argument("--natural-n", nargs="+", type=int, default=[2000])
+    p.add_argument("--natural-seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--fashion", action="store_true", help="Fashion-MNIST 10,000 row")
+    p.add_argument("--duplicates", action="store_true",
+                   help="duplicates and order (copy sets filtered by --kinds/--shapes/--copies)")
+    p.add_argument("--duplicates-natural-n", type=int, default=2000,
+                   help="rotated MNIST size of the duplicate checks (0: skip)")
+    p.add_argument("--out", default=str(RESULTS / "count.json"))
+    args = p.parse_args(argv)
+    if args.quick:
+        args.shapes = [s for s in args.shapes if s in (2, 5)] or [2, 5]
+        args.copies = [c for c in args.copies if c in (3, 40)] or [3, 40]
+        args.noise = [0.0]
+
+    out = Path(args.out)
+    command = ["python", *sys.argv] if argv is None else ["python", sys.argv[0], *argv]
+    result = {"benchmark": "count", "env": environment(), "command": " ".join(command),
+              "args": vars(args), "rows": [], "duplicates": [], "summary": []}
+
+    warm_up(args.seed)
+
+    def save():
+        result["summary"] = summarize(result["rows"])
+        write_json(result, out)
+
+    if not args.no_sweep:
+        for kind in args.kinds:
+            for k in args.shapes:
+                for c in args.copies:
+                    for noise in args.noise:
+                        X, y = copy_set(kind, k, c, noise, args.seed, args.data)
+                        base = {"set": f"{kind} k={k} c={c} s={noise:g}", "kind": kind,
+                                "copies": c, "noise": noise, "seed": args.seed}
+                        result["rows"] += run_methods(X, y, search_params(kind), args.seed, base)
+                        save()  # after every set: a long run keeps what it measured
+
+    natural = []
+    if args.natural:
+        natural += [("rotated45", n, s) for n in args.natural_n for s in args.natural_seeds]
+    if args.fashion:
+        natural.append(("fashion", 10000, args.seed))
+    for variant, n, seed in natural:
+        X, y = make_variant(variant, n, seed, args.data)
+        base = {"set": f"{variant} n={n} seed={seed}", "kind": variant, "copies": None,
+                "noise": 0.0, "seed": seed}
+        result["rows"] += run_methods(X, y, VARIANTS[variant]["search"], seed, base,
+                                      given_k=10)
+        save()
+
+    if args.duplicates:
+        for kind in [kd for kd in args.kinds if kd in ("digits8", "mnist_rot")]:
+            for k in [s for s in args.shapes if s in (2, 5, 12)]:
+                for c in [c for c in args.copies if c in (3, 12, 40)]:
+                    X, y = copy_set(kind, k, c, 0.0, args.seed, args.data)
+                    base = {"set": f"{kind} k={k} c={c} s=0", "kind": kind, "copies": c}
+                    result["duplicates"] += duplicate_rows(X, y, search_params(kind),
+                                                           args.seed, base)
+                    save()
+        if args.duplicates_natural_n:
+            n = args.duplicates_natural_n
+            X, y = make_variant("rotated45", n, 0, args.data)
+            search = VARIANTS["rotated45"]["search"]
+            base = {"set": f"rotated45 n={n} seed=0", "kind": "rotated45", "copies": None}
+            result["duplicates"] += duplicate_rows(X, y, search, 0, base, fractions=(0.1, 0.5))
+            save()
+
+    if not (result["rows"] or result["duplicates"]):
+        save()
+    if result["rows"]:
+        print()
+        print_table(result["rows"], COLUMNS)
+        print()
+        print_table(result["summary"], ["method", "kind", "noise", "sets", "exact",
+                                        "exact_count", "max_abs_count_error", "mean_ari",
+                                        "failed", "seconds"])
+    if result["duplicates"]:
+        print()
+        cols = list(dict.fromkeys(c for r in result["duplicates"] for c in r
+                                  if not c.endswith(("_error", "_seconds", "_crashed"))))
+        print_table(result["duplicates"], cols)
+    return result
+
+
+if __name__ == "__main__":
+    main()
