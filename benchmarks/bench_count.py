@@ -21,7 +21,8 @@ Methods, in the same run on the same data (every baseline uses the estimator's s
 - ``estimator``: ``InvariantAttentionClusterer(n_clusters=None)``; ``count_rule`` and
   ``separation`` are its ``count_rule_`` and ``separation_`` (None where they do not exist);
 - ``hdbscan_invariant``: scikit-learn's HDBSCAN (``min_cluster_size=3``) on the dense invariant
-  distances (``sqrt`` of ``invariant_distances``, made symmetric by the minimum); n <= 5,000;
+  grid distances (``sqrt`` of ``invariant_distances(refine=False)``, made symmetric by the
+  minimum); n <= 5,000;
   noise (-1) is one more label for ARI/ACC and is not counted as a cluster;
 - ``leiden_modularity``: Leiden (leidenalg, modularity, resolution 1) on the invariant 15-NN
   graph (``InvariantKNeighborsTransformer``), weights ``exp(-d / median(d))`` made symmetric
@@ -158,10 +159,13 @@ def fit_estimator(X, n_clusters, seed, search):
 
 
 def dense_distances(X, search):
-    """Invariant distances (not squared), symmetric by the minimum, zero diagonal."""
+    """Invariant distances (not squared) on the search grid (``refine=False``: the refinement of
+    every pair of 1,200 images would take minutes a set), symmetric by the minimum, zero
+    diagonal."""
     from invariant_cluster import invariant_distances
 
-    D = np.asarray(invariant_distances(X.reshape(len(X), -1), **search), dtype=np.float64)
+    D = np.asarray(invariant_distances(X.reshape(len(X), -1), refine=False, **search),
+                   dtype=np.float64)
     D = np.sqrt(np.clip(D, 0, None))
     D = np.minimum(D, D.T)
     np.fill_diagonal(D, 0.0)

@@ -653,7 +653,7 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
         a, b, w = find(ei[e]), find(ej[e]), float(ew[e])
         big_a, big_b = size[a] >= min_size, size[b] >= min_size
         if big_a and big_b:
-            ratio = w / max(longest, 1e-300)
+            ratio = w / longest if longest > 0 else math.inf
             if total - covered <= max_outliers * total:
                 best_ratio = max(best_ratio, ratio)
                 if ratio >= min_gap and (best is None or n_big > best[0]):

@@ -86,16 +86,30 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
     Parameters
     ----------
     n_clusters : int or None, default=None
-        With ``grouping="leiden"``, an int searches Leiden's resolution until the partition has
-        ``n_clusters`` parts of at least 2% of ``n_samples / n_clusters`` samples each (a
+        None: the data decide how many. First, the samples' invariant kNN graph is searched for
+        separated groups: the finest partition into groups of at least 3 samples in which the
+        shortest edge between two groups is at least 1.25 times the longest edge of the
+        single-linkage tree inside any group, with at most 10% of the samples left in smaller
+        parts (they join the group they meet first). Copies of a few shapes are such groups
+        whatever their number and size (``benchmarks/results/count.json``). Where there is no
+        such partition, as between natural classes that chain into each other, Leiden at
+        resolution 1 (modularity) counts, its communities merged where the converged means
+        collapsed them onto one mode. ``count_rule_`` says which decided. The count can be
+        wrong where copies of one shape are farther apart than two shapes (8 x 8 digits of the
+        same class at arbitrary angles) and where natural classes are not modularity's
+        communities; inspect ``cluster_centers_`` before trusting it.
+        An int: with ``grouping="leiden"`` Leiden's resolution is searched until the partition
+        has ``n_clusters`` parts of at least 2% of ``n_samples / n_clusters`` samples each (a
         smaller part, such as a pair of near-copies, joins the part it is most strongly
         joined to; k-means on umap-learn's layout of the same graph if no resolution gives
         them); with ``grouping="umap"`` it runs k-means on umap-learn's 10-D
-        layout of the graph (``min_dist=0``). None with "leiden": Leiden at resolution 1
-        (modularity), its communities merged where the converged means collapsed them onto
-        one mode (both the means' modes and the means' graph's own communities join them);
-        None with "umap": HDBSCAN on the layout (the smallest cluster holds 1% of the samples,
-        at least 3; samples HDBSCAN calls noise join their nearest cluster).
+        layout of the graph (``min_dist=0``). None with "umap": HDBSCAN on the layout (the
+        smallest cluster holds 1% of the samples, at least 3; samples HDBSCAN calls noise join
+        their nearest cluster).
+        Either way the fit runs on the distinct images in an order set by their content:
+        duplicates (exact, or within 1% of the typical distance to the ``n_neighbors``-th
+        neighbour, such as a copy turned by a grid angle) share one cluster, and neither
+        storing the data twice nor permuting the samples changes the partition.
     group : {"se2", "rotation", "translation", "none"}, default="se2"
         "none" is plain kernel attention (mean shift on pixels), the baseline.
     max_rotation : float, default=180.0
@@ -208,6 +222,10 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         agreement with ``labels_`` on the training images).
     graph_ : str
         The graph that was grouped: "samples", "means" or "both".
+    count_rule_ : str
+        What decided the number of clusters: "given" (``n_clusters``), "separated" (separated
+        groups of the kNN graph), "modularity" (Leiden at resolution 1, see ``n_clusters``) or
+        "hdbscan" (``grouping="umap"``).
     cluster_centers_ : ndarray of shape (n_clusters_, n_features)
         Each cluster's invariant mean of its samples.
     n_clusters_ : int

@@ -1,0 +1,231 @@
+"""The count of ``n_clusters=None`` and the partition's independence of duplicates and sample
+order: copy sets of several shapes at the defaults, separated partitions of known graphs, data
+stored twice (exactly, jittered, turned by quarter turns) and permuted."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import adjusted_rand_score
+
+from invariant_cluster import InvariantAttentionClusterer
+from invariant_cluster._duplicates import near_duplicates, unique_in_canonical_order
+from invariant_cluster._grouping import separated_groups
+from invariant_cluster.datasets import load_digits_images, make_transformed_copies
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+DIGITS = load_digits_images().images
+
+
+def _fit(X, **params):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return InvariantAttentionClusterer(random_state=0, **params).fit(X)
+
+
+def _copies(n_shapes, n_copies, seed=0, noise=0.0):
+    """``n_copies`` copies at arbitrary angles of each of ``n_shapes`` 8 x 8 digits picked at
+    random; and the shape of each copy."""
+    rng = np.random.default_rng(seed)
+    shapes = rng.choice(len(DIGITS), n_shapes, replace=False)
+    X = np.concatenate([make_transformed_copies(DIGITS[i], n_copies, max_rotation=180,
+                                                random_state=seed * 1000 + j)[0]
+                        for j, i in enumerate(shapes)])
+    if noise:
+        X = X + noise * rng.standard_normal(X.shape)
+    return X.astype(np.float32), np.repeat(np.arange(n_shapes), n_copies)
+
+
+# ------------------------------------------------------------------ the count at the defaults
+@pytest.mark.parametrize("n_shapes, n_copies, seed", [
+    (2, 40, 0), (2, 100, 0), (3, 40, 1), (5, 40, 0), (5, 12, 2), (3, 4, 0), (2, 3, 0),
+    (8, 40, 0), (3, 100, 3),
+])
+def test_copy_sets_counted(n_shapes, n_copies, seed):
+    # large groups used to be split by modularity (2 x 40 copies: 17 clusters), small ones
+    # merged; a separated partition of the samples' graph now decides
+    X, y = _copies(n_shapes, n_copies, seed)
+    est = _fit(X)
+    assert est.n_clusters_ == n_shapes
+    assert adjusted_rand_score(y, est.labels_) >= 0.95
+    assert est.count_rule_ == "separated"
+
+
+@pytest.mark.parametrize("n_shapes, n_copies", [(2, 40), (3, 12), (5, 4)])
+def test_noisy_copy_sets_counted(n_shapes, n_copies):
+    X, y = _copies(n_shapes, n_copies, seed=0, noise=0.1)
+    est = _fit(X)
+    assert est.n_clusters_ == n_shapes
+    assert adjusted_rand_score(y, est.labels_) >= 0.95
+
+
+def test_natural_classes_fall_back_to_modularity():
+    # 600 digits of 10 classes, each at its own angle within +-45 degrees: classes that chain
+    # into each other have no separated partition
+    from invariant_cluster.datasets import make_transformed
+
+    X, _ = make_transformed(DIGITS[:600], max_rotation=45, random_state=0)
+    est = _fit(X, max_rotation=60, n_rotations=24)
+    assert est.count_rule_ == "modularity"
+    assert 5 <= est.n_clusters_ <= 20
+
+
+def test_count_rule_given():
+    X, _ = _copies(2, 12)
+    assert _fit(X, n_clusters=2).count_rule_ == "given"
+
+
+# ------------------------------------------------------------------ separated partitions
+def _knn(points, k):
+    """Exact Euclidean kNN graph of ``points`` (self left out)."""
+    d = np.linalg.norm(points[:, None] - points[None], axis=2)
+    np.fill_diagonal(d, np.inf)
+    index = np.argsort(d, 1)[:, :k]
+    return index, np.take_along_axis(d, index, 1)
+
+
+def test_separated_groups_of_chains():
+    # three chains of evenly spaced points (step 1), 5 apart: separation 5, three groups,
+    # whatever the chains' lengths
+    pts = np.concatenate([np.c_[np.arange(m), np.full(m, 5.0 * g)]
+                          for g, m in enumerate((4, 30, 9))]).astype(float)
+    y = np.repeat(np.arange(3), (4, 30, 9))
+    labels, ratio = separated_groups(*_knn(pts, 5))
+    assert adjusted_rand_score(y, labels) == 1.0
+    assert ratio == pytest.approx(5.0)
+
+
+def test_separated_groups_finest_partition():
+    # two pairs of chains: 3 apart within a pair, 30 between pairs; both partitions are
+    # separated, the finer one (four groups) is taken
+    pts = np.concatenate([np.c_[np.arange(10), np.full(10, y0)]
+                          for y0 in (0.0, 3.0, 30.0, 33.0)]).astype(float)
+    labels, _ = separated_groups(*_knn(pts, 6))
+    assert adjusted_rand_score(np.repeat(np.arange(4), 10), labels) == 1.0
+
+
+def test_no_separated_groups_in_a_continuum():
+    rng = np.random.default_rng(0)
+    labels, ratio = separated_groups(*_knn(rng.random((300, 2)), 10))
+    assert labels is None and ratio < 1.25
+
+
+def test_separated_groups_outliers_join_their_group():
+    # one point 2 steps off the end of a chain: too small to be a group, it joins its chain
+    pts = np.concatenate([np.c_[np.arange(10), np.zeros(10)],
+                          np.c_[np.arange(10), np.full(10, 8.0)], [[11.0, 0.0]]]).astype(float)
+    labels, _ = separated_groups(*_knn(pts, 4))
+    assert labels[-1] == labels[0] and labels[0] != labels[10]
+    assert labels.max() == 1
+
+
+def test_separated_groups_weights_count_duplicates():
+    # two points, each standing for 5 samples: two groups of 5
+    labels, ratio = separated_groups(np.array([[1], [0]]), np.array([[4.0], [4.0]]),
+                                     weights=np.array([5, 5]))
+    assert labels.tolist() == [0, 1] and ratio == np.inf
+
+
+# ------------------------------------------------------------------ duplicates and order
+def test_unique_in_canonical_order():
+    rng = np.random.default_rng(0)
+    X = rng.random((20, 7)).astype(np.float32)
+    first, inverse = unique_in_canonical_order(np.concatenate([X, X[:5]]))
+    assert len(first) == 20
+    np.testing.assert_array_equal(np.concatenate([X, X[:5]])[first][inverse],
+                                  np.concatenate([X, X[:5]]))
+    perm = rng.permutation(20)
+    first_p, _ = unique_in_canonical_order(X[perm])
+    np.testing.assert_array_equal(X[perm][first_p], X[first])
+
+
+def test_near_duplicates():
+    D = torch.tensor([[0.0, 4.0], [0.0, 4.0], [4.0, 4.0]]) ** 2
+    idx = torch.tensor([[1, 2], [0, 2], [0, 1]])
+    (rep,) = near_duplicates(D, idx)
+    assert rep.tolist() == [0, 0, 2]
+    assert near_duplicates(torch.full((3, 2), 16.0), idx) is None
+
+
+def _stacked(X, how, seed=0):
+    if how == "exact":
+        return np.concatenate([X, X])
+    if how == "jitter":
+        rng = np.random.default_rng(seed)
+        return np.concatenate([X, X + 1e-4 * rng.standard_normal(X.shape).astype(X.dtype)])
+    return np.concatenate([X, np.ascontiguousarray(np.rot90(X, 1, axes=(1, 2)))])
+
+
+@pytest.mark.parametrize("how", ["exact", "jitter", "rot90"])
+@pytest.mark.parametrize("n_clusters", [None, 5])
+def test_data_stored_twice(how, n_clusters):
+    # one cluster per pair of copies before (rho_ = 0 cut each pair off); with n_clusters=5
+    # ARI 0.02
+    X, y = _copies(5, 12, seed=4)
+    single = _fit(X, n_clusters=n_clusters)
+    twice = _fit(_stacked(X, how), n_clusters=n_clusters)
+    n = len(X)
+    assert adjusted_rand_score(single.labels_, twice.labels_[:n]) >= 0.99
+    np.testing.assert_array_equal(twice.labels_[:n], twice.labels_[n:])
+    assert twice.n_clusters_ == single.n_clusters_ == 5
+    assert twice.invariant_means_.shape == (2 * n, 64)
+    assert twice.alignments_.shape == (2 * n, 3) and twice.neighbors_.shape[0] == 2 * n
+
+
+def test_data_stored_twice_pose_of_a_turned_copy():
+    # the turned copy's mean is its representative's mean turned with it, and its alignment
+    # brings it onto its centre as the representative's does
+    from invariant_cluster import warp_se2
+
+    X, _ = _copies(3, 12, seed=5)
+    est = _fit(_stacked(X, "rot90"))
+    n = len(X)
+    turned = np.rot90(est.invariant_means_[:n].reshape(-1, 8, 8), 1, axes=(1, 2))
+    np.testing.assert_allclose(est.invariant_means_[n:].reshape(-1, 8, 8), turned, atol=1e-4)
+    C = est.cluster_centers_.reshape(-1, 8, 8)[est.labels_]
+    on_c = np.stack([warp_se2(x[None], a)[0] for x, a in zip(_stacked(X, "rot90"),
+                                                             est.alignments_)])
+    err = np.linalg.norm((on_c - C).reshape(2 * n, -1), axis=1)
+    assert np.abs(err[n:] - err[:n]).max() < 0.05 * np.linalg.norm(C[0])
+
+
+def test_fit_with_n_clusters_on_duplicates_does_not_crash():
+    # all parts under the minimum part size used to crash the resolution search (log(0))
+    X, _ = _copies(4, 3, seed=6)
+    est = _fit(np.concatenate([X, X, X]), n_clusters=4)
+    assert est.n_clusters_ == 4
+
+
+def test_partial_duplicates_keep_the_partition():
+    X, y = _copies(5, 12, seed=7)
+    single = _fit(X)
+    rng = np.random.default_rng(0)
+    extra = rng.choice(len(X), len(X) // 2, replace=False)
+    est = _fit(np.concatenate([X, X[extra]]))
+    assert adjusted_rand_score(single.labels_, est.labels_[:len(X)]) == 1.0
+    np.testing.assert_array_equal(est.labels_[len(X):], est.labels_[extra])
+
+
+@pytest.mark.parametrize("n_clusters", [None, 3])
+def test_sample_order_does_not_matter(n_clusters):
+    X, _ = _copies(3, 12, seed=8, noise=0.1)
+    base = _fit(X, n_clusters=n_clusters)
+    for seed in range(3):
+        perm = np.random.default_rng(seed).permutation(len(X))
+        other = _fit(X[perm], n_clusters=n_clusters)
+        assert adjusted_rand_score(base.labels_[perm], other.labels_) == 1.0
+        np.testing.assert_allclose(other.invariant_means_, base.invariant_means_[perm],
+                                   atol=1e-5)
+
+
+def test_predict_and_transform_follow_the_labels():
+    X, _ = _copies(3, 40, seed=9)
+    est = _fit(X)
+    np.testing.assert_array_equal(est.predict(X), est.labels_)
+    assert est.transform(X).shape == (len(X), est.n_clusters_)
+    assert est.cluster_centers_.shape[0] == est.n_clusters_ == 3
