@@ -12,8 +12,9 @@ Everything here works on a kNN graph given as ``(index, dist)`` arrays of shape 
 - :func:`fuzzy_graph`, :func:`leiden`, :func:`group`: the estimator's default, Leiden on the
   fuzzy graph of the samples' kNN graph or of its union with the means' graph
   (``benchmarks/bench_noise.py`` measures every grouping tried).
-- :func:`merge_by_modes`: ``n_clusters=None``'s merge of Leiden's communities that the
-  iteration collapsed onto one mean.
+- :func:`count_groups`: ``n_clusters=None``: the separated groups of the samples' kNN graph
+  (:func:`separated_groups`, single linkage with a gap), else modularity's communities merged
+  where the iteration collapsed them onto one mean (:func:`merge_by_modes`).
 - :func:`vote`: ``predict``'s majority among the nearest fitted samples.
 """
 
