@@ -505,6 +505,8 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
     """
     n = index.shape[0]
     graph = resolve_graph(graph, index, index_means)
+    if n <= 1 or index.shape[1] == 0:  # one distinct image
+        return np.zeros(n, dtype=np.int64), graph, "given" if n_clusters else "separated"
     if n_clusters is not None and n <= n_clusters:
         return np.arange(n), graph, "given"
     if n_clusters is None and grouping == "leiden":

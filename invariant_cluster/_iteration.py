@@ -47,6 +47,8 @@ def calibrate_bandwidth(dist: torch.Tensor, bandwidth="auto", n_steps: int = 64)
     n, k = dist.shape
     if bandwidth != "auto":
         return dist.new_zeros(n), dist.new_full((n,), float(bandwidth))
+    if k == 0:  # one distinct image: nothing to calibrate on
+        return dist.new_zeros(n), dist.new_ones(n)
     d = dist.double()
     finite = torch.isfinite(d)
     rho = torch.where(finite[:, 0], d[:, 0], torch.zeros_like(d[:, 0]))
@@ -68,13 +70,24 @@ def calibrate_bandwidth(dist: torch.Tensor, bandwidth="auto", n_steps: int = 64)
     return rho.to(dist.dtype), sigma.to(dist.dtype)
 
 
-def attention_weights(d: torch.Tensor, rho: torch.Tensor, sigma: torch.Tensor, bandwidth):
-    """Weights of keys at distances ``d`` (``(b, m)``, not squared), normalised per row."""
+def attention_weights(d: torch.Tensor, rho: torch.Tensor, sigma: torch.Tensor, bandwidth,
+                      log_counts=None):
+    """Weights of keys at distances ``d`` (``(b, m)``, not squared), normalised per row;
+    ``log_counts`` (``(b, m)``): the log of how many samples each key stands for."""
     if bandwidth == "auto":
         logits = -(d - rho[:, None]).clamp(min=0) / sigma[:, None]
     else:
         logits = -(d * d) / (2.0 * sigma[:, None] ** 2)
+    if log_counts is not None:
+        logits = logits + log_counts
     return torch.softmax(logits, dim=1)
+
+
+def _log_counts(counts, rows, idx):
+    """``(b, k + 1)`` log multiplicities of each row's keys (itself, then ``idx``)."""
+    if counts is None:
+        return None
+    return torch.log(torch.cat([counts[rows][:, None], counts[idx]], 1))
 
 
 def _rows_per_block(n, k, n_features, element_size, batch_size, device):
@@ -96,7 +109,7 @@ def _aligned_keys(keys, rows, idx, P):
 
 
 def iterate_attention(Xt, idx, P, rho, sigma, bandwidth, *, update="fixed", max_iter, tol,
-                      batch_size=None):
+                      batch_size=None, counts=None):
     """:func:`mean_shift` then :func:`attend_means` (``update="fixed"``), or
     :func:`blurring_mean_shift` ("blurring").
 
@@ -106,15 +119,16 @@ def iterate_attention(Xt, idx, P, rho, sigma, bandwidth, *, update="fixed", max_
         return blurring_mean_shift(Xt, idx, P, rho, sigma, bandwidth, max_iter=max_iter,
                                    tol=tol, batch_size=batch_size)
     M, W, history, converged = mean_shift(Xt, idx, P, rho, sigma, bandwidth, max_iter=max_iter,
-                                          tol=tol, batch_size=batch_size)
+                                          tol=tol, batch_size=batch_size, counts=counts)
     if max_iter > 0:
         # the denoised means attend to each other once (see attend_means)
-        M, W_means = attend_means(M, idx, P, bandwidth, batch_size)
+        M, W_means = attend_means(M, idx, P, bandwidth, batch_size, counts=counts)
         W = W if W_means is None else W_means
     return M, W, history, converged
 
 
-def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=None):
+def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=None,
+               counts=None):
     """Invariant attention with fixed keys, iterated to its fixed point (mean shift).
 
     Sample ``i`` attends to itself and to its neighbours aligned onto it, ``T_ij x_j``; its
@@ -142,15 +156,16 @@ def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=N
         ksq = (keys * keys).sum(2)
         m = keys[:, 0].clone()
         s, r = sigma[rows], rho[rows]
+        lc = _log_counts(counts, rows, idx[rows])
         # rows still moving: at each check, the rows whose last step was below tol are done
         # and leave the batch (they keep their mean), so late iterations cost little
         act = torch.arange(len(rows), device=Xt.device)
-        ka, kq, sa, ra, ma = keys, ksq, s, r, m.clone()
+        ka, kq, sa, ra, ma, la = keys, ksq, s, r, m.clone(), lc
         it = stopped = 0
         while it < max_iter:
             mk = torch.bmm(ka, ma[:, :, None])[..., 0]
             d = ((ma * ma).sum(1, keepdim=True) - 2.0 * mk + kq).clamp(min=0).sqrt()
-            w = attention_weights(d, ra, sa, bandwidth)
+            w = attention_weights(d, ra, sa, bandwidth, la)
             new = torch.bmm(w[:, None].to(ka.dtype), ka)[:, 0]
             step = torch.linalg.vector_norm(new - ma, dim=1) / sa
             moves[it] = torch.maximum(moves[it], step.max())
@@ -166,10 +181,11 @@ def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=N
                 if not n_moving:
                     break
                 act, ka, kq, sa, ra, ma = (t[keep] for t in (act, ka, kq, sa, ra, ma))
+                la = None if la is None else la[keep]
         bar.update(len(rows) - stopped)  # the rows still moving when max_iter stopped them
         m[act] = ma
         d = torch.linalg.vector_norm(m[:, None] - keys, dim=2)
-        W[rows] = attention_weights(d, r, s, bandwidth)
+        W[rows] = attention_weights(d, r, s, bandwidth, lc)
         M[rows] = m
         done = max(done, it)
     bar.close()
@@ -181,7 +197,7 @@ def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=N
     return M.reshape(Xt.shape), W, history, converged
 
 
-def attend_means(M, idx, P, bandwidth, batch_size=None):
+def attend_means(M, idx, P, bandwidth, batch_size=None, counts=None):
     """One step of invariant attention among the converged means: ``m_i <- sum_j w_ij T_ij m_j``
     over the same neighbourhoods, the bandwidth recalibrated on the means' own distances.
 
@@ -211,7 +227,7 @@ def attend_means(M, idx, P, bandwidth, batch_size=None):
         keys = _aligned_keys(M, rows, idx[rows], P[rows])
         d = torch.linalg.vector_norm(keys - keys[:, :1], dim=2)
         rho, sigma = calibrate_bandwidth(d[:, 1:].sort(1).values)
-        w = attention_weights(d, rho, sigma, bandwidth)
+        w = attention_weights(d, rho, sigma, bandwidth, _log_counts(counts, rows, idx[rows]))
         out[rows] = torch.bmm(w[:, None].to(keys.dtype), keys)[:, 0]
         W[rows] = w
     return out.reshape(M.shape), W

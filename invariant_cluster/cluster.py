@@ -414,21 +414,26 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
                 D, idx, P = self._search(Xt, grid, k)
                 self._log(f"{len(first) - len(rep_u)} near duplicates set aside")
             m = Xt.shape[0]
-            self._log(f"kNN graph (k={k}): {time.perf_counter() - t0:.1f} s")
-            # 2. bandwidth
-            rho, sigma = calibrate_bandwidth(D.clamp(min=0).sqrt(), self.bandwidth)
-            # 3. iterate
-            M, W, history, converged = iterate_attention(
-                Xt, idx, P, rho, sigma, self.bandwidth, update=self.update,
-                max_iter=self.max_iter, tol=self.tol, batch_size=self.batch_size)
-            self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
-            # 4. group: Leiden on the samples' graph or its union with the means' graph
-            stage = progress_bar(1, "grouping", "stage")
             core = np.zeros(len(first), dtype=np.int64)
             core[rep_u] = np.arange(m)
             if dup is not None:
                 core = core[dup[0]]
             sample = core[inverse]  # each sample's row in the fit's arrays
+            self._log(f"kNN graph (k={k}): {time.perf_counter() - t0:.1f} s")
+            # 2. bandwidth
+            rho, sigma = calibrate_bandwidth(D.clamp(min=0).sqrt(), self.bandwidth)
+            # 3. iterate
+            counts = None
+            if m < n:  # a representative of duplicates weighs as all its copies
+                counts = torch.as_tensor(np.bincount(sample, minlength=m), device=dev,
+                                         dtype=Xt.dtype)
+            M, W, history, converged = iterate_attention(
+                Xt, idx, P, rho, sigma, self.bandwidth, update=self.update,
+                max_iter=self.max_iter, tol=self.tol, batch_size=self.batch_size,
+                counts=counts)
+            self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
+            # 4. group: Leiden on the samples' graph or its union with the means' graph
+            stage = progress_bar(1, "grouping", "stage")
             labels, Dg = self._group(D, idx, M, grid, k, seed, rho + sigma,
                                      np.bincount(sample, minlength=m))
             stage.update()
@@ -447,10 +452,13 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
                 stacklevel=2,
             )
         np_dtype = X2.dtype
-        self.labels_ = labels[sample].astype(np.int64)
+        # labels by decreasing size, ties in the order of the input
+        self.labels_ = _relabel_by_size(labels[sample]).astype(np.int64)
         self.n_clusters_ = int(labels.max()) + 1
-        self.cluster_centers_ = centers.reshape(self.n_clusters_, -1).cpu().numpy().astype(
-            np_dtype)
+        order = np.zeros(self.n_clusters_, dtype=np.int64)
+        order[self.labels_] = labels[sample]
+        self.cluster_centers_ = centers[torch.as_tensor(order, device=centers.device)].reshape(
+            self.n_clusters_, -1).cpu().numpy().astype(np_dtype)
         self.invariant_means_ = M.reshape(len(first), -1).cpu().numpy()[inverse].astype(np_dtype)
         self.alignments_ = params.cpu().numpy().astype(np.float64)[inverse]
         self.bandwidth_ = sigma.cpu().numpy().astype(np.float64)[sample]
