@@ -479,6 +479,7 @@ def main(argv=None):
     if result["rows"]:
         print()
         print_table(result["rows"], COLUMNS)
+    if result["summary"]:  # copy sets only
         print()
         print_table(result["summary"], ["method", "kind", "noise", "sets", "exact",
                                         "exact_count", "max_abs_count_error", "mean_ari",
