@@ -40,6 +40,8 @@ again.
     python benchmarks/bench_count.py                      # the 150 copy sets (long)
     python benchmarks/bench_count.py --no-sweep --natural --fashion
     python benchmarks/bench_count.py --no-sweep --duplicates
+    python benchmarks/bench_count.py --no-sweep --duplicates --duplicates-all \
+        --duplicates-natural-n 0 --out benchmarks/results/count_duplicates_all.json
 """
 
 from __future__ import annotations
@@ -345,7 +347,8 @@ def _fit_into(row, name, Z, *, n_clusters, seed, search):
 
 
 def duplicate_rows(X, y, search, seed, base, fractions=()):
-    """The estimator on X, X twice, X plus a 1e-4 copy and X permuted; n_clusters None and k.
+    """The estimator on X, X twice, X plus a 1e-4 copy, X plus its quarter turns and X
+    permuted; n_clusters None and k.
 
     ``fractions``: also fit X with a random share of its images appended again (ACC on the
     whole set, to compare with ``single_acc``). ``<fit>_crashed``/``<fit>_error``: whether a
@@ -367,8 +370,10 @@ def duplicate_rows(X, y, search, seed, base, fractions=()):
         ref = fit("single", X)
         if ref is not None:
             row.update({f"single_{m}": v for m, v in measure(y, ref).items()})
+        turned = np.ascontiguousarray(np.rot90(X, 1, axes=(-2, -1)))
         for name, Z in (("doubled", np.concatenate([X, X])),
-                        ("near", np.concatenate([X, near]))):
+                        ("near", np.concatenate([X, near])),
+                        ("rot90", np.concatenate([X, turned]))):
             lab = fit(name, Z)
             if lab is not None:
                 row[f"{name}_count"] = measure(np.concatenate([y, y]), lab)["count"]
@@ -413,6 +418,9 @@ def main(argv=None):
     p.add_argument("--fashion", action="store_true", help="Fashion-MNIST 10,000 row")
     p.add_argument("--duplicates", action="store_true",
                    help="duplicates and order (copy sets filtered by --kinds/--shapes/--copies)")
+    p.add_argument("--duplicates-all", action="store_true",
+                   help="with --duplicates: every copy set of the sweep (--kinds, --shapes, "
+                        "--copies, --noise), not the subset")
     p.add_argument("--duplicates-natural-n", type=int, default=2000,
                    help="rotated MNIST size of the duplicate checks (0: skip)")
     p.add_argument("--out", default=str(RESULTS / "count.json"))
@@ -458,14 +466,17 @@ def main(argv=None):
         save()
 
     if args.duplicates:
-        for kind in [kd for kd in args.kinds if kd in ("digits8", "mnist_rot")]:
-            for k in [s for s in args.shapes if s in (2, 5, 12)]:
-                for c in [c for c in args.copies if c in (3, 12, 40)]:
-                    X, y = copy_set(kind, k, c, 0.0, args.seed, args.data)
-                    base = {"set": f"{kind} k={k} c={c} s=0", "kind": kind, "copies": c}
-                    result["duplicates"] += duplicate_rows(X, y, search_params(kind),
-                                                           args.seed, base)
-                    save()
+        every = args.duplicates_all
+        for kind in [kd for kd in args.kinds if every or kd in ("digits8", "mnist_rot")]:
+            for k in [s for s in args.shapes if every or s in (2, 5, 12)]:
+                for c in [c for c in args.copies if every or c in (3, 12, 40)]:
+                    for noise in (args.noise if every else [0.0]):
+                        X, y = copy_set(kind, k, c, noise, args.seed, args.data)
+                        base = {"set": f"{kind} k={k} c={c} s={noise:g}", "kind": kind,
+                                "copies": c, "noise": noise}
+                        result["duplicates"] += duplicate_rows(X, y, search_params(kind),
+                                                               args.seed, base)
+                        save()
         if args.duplicates_natural_n:
             n = args.duplicates_natural_n
             X, y = make_variant("rotated45", n, 0, args.data)
