@@ -44,9 +44,12 @@ def unique_in_canonical_order(X2: np.ndarray):
     key = np.concatenate([flat[i:i + 8192].astype(np.float64) @ direction
                           for i in range(0, n, 8192)])
     order = np.argsort(key, kind="stable")
-    sorted_rows = flat[order]
+    # only neighbours in that order with the same projection can be equal rows
+    ks = key[order]
+    tie = np.flatnonzero(ks[1:] == ks[:-1]) + 1
     same = np.zeros(n, dtype=bool)
-    same[1:] = (sorted_rows[1:] == sorted_rows[:-1]).all(1)
+    if tie.size:
+        same[tie] = (flat[order[tie]] == flat[order[tie - 1]]).all(1)
     run = np.cumsum(~same) - 1
     first = order[~same]
     inverse = np.empty(n, dtype=np.int64)

@@ -384,7 +384,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         # order of the samples or on how often an image is stored (see _duplicates)
         first, inverse = unique_in_canonical_order(X2)
         # 0. the noise, measured on (at most 10,000 of) the distinct images
-        Xu = self._tensor(X2[first], dev)
+        # X2[first] is a new array: the tensor can share its memory
+        Xu = torch.as_tensor(X2[first], dtype=torch.float64 if X2.dtype == np.float64
+                             else torch.float32, device=dev).reshape(-1, *self.image_shape_)
         self.filter_ = RadialWiener(self.noise_std, image_shape=self.image_shape_)._fit_tensor(Xu)
         self.noise_std_ = float(self.filter_.noise_std_)
         filtered = not self.filter_.is_identity
