@@ -490,7 +490,7 @@ def resolve_graph(graph, index, index_means):
 
 
 def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, random_state,
-          modes=None, weights=None):
+          modes=None):
     """Labels from the samples' and the means' kNN graphs (``(n, k)`` arrays, self left out).
 
     ``graph``: "samples", "means", "both" (the union of their fuzzy graphs) or "auto" ("both"
@@ -499,9 +499,11 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
     ``n_clusters``; None: resolution 1, modularity) or "umap" (umap-learn's layout of the graph,
     then k-means, or HDBSCAN for ``n_clusters=None``). ``modes``: the converged means' modes
     (:func:`graph_modes`), used by ``n_clusters=None`` with "leiden" (:func:`count_groups`).
-    ``weights``: how many samples each node stands for (see :func:`separated_groups`).
-    Returns ``(labels, graph_used, rule)``: ``rule`` says what decided the count ("given",
-    "separated", "modularity" or "hdbscan", see :func:`count_groups`).
+    With ``n_clusters`` and "leiden", a separated partition of the samples' graph with that
+    many groups is taken when there is one (copy sets: Leiden's resolution search cuts chains
+    of copies at arbitrary places). Returns ``(labels, graph_used, rule)``: ``rule`` says what
+    decided the count ("given", "separated", "modularity" or "hdbscan", see
+    :func:`count_groups`).
     """
     n = index.shape[0]
     graph = resolve_graph(graph, index, index_means)
@@ -511,8 +513,12 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
         return np.arange(n), graph, "given"
     if n_clusters is None and grouping == "leiden":
         labels, rule, _ = count_groups(index, dist, index_means, dist_means, graph, modes,
-                                       random_state, weights)
+                                       random_state)
         return labels, graph, rule
+    if grouping == "leiden":
+        labels, _ = separated_groups(index, dist, n_groups=int(n_clusters))
+        if labels is not None:
+            return labels, graph, "given"
     rule = "given" if n_clusters is not None else "hdbscan"
     if grouping == "umap" and graph != "both":
         idx, dst = (index, dist) if graph == "samples" else (index_means, dist_means)
@@ -614,31 +620,33 @@ def _symmetric_distances(index: np.ndarray, dist: np.ndarray):
 
 def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPARATED_MIN_GAP,
                      min_size: int = SEPARATED_MIN_SIZE,
-                     max_outliers: float = SEPARATED_MAX_OUTLIERS, weights=None):
+                     max_outliers: float = SEPARATED_MAX_OUTLIERS, n_groups=None):
     """The finest separated partition of a kNN graph, if it has one.
 
     The minimum spanning tree of the graph (its single-linkage tree) is built edge by edge,
-    shortest first. Just before each edge that joins two parts of at least ``min_size``
-    samples, the parts of that size are a candidate partition, its separation the ratio of that
-    edge to the longest edge inside any of them; parts of the graph that are not connected at
-    all are separated infinitely. Returns ``(labels, separation)`` for the candidate with the
-    most groups among those separated by at least ``min_gap`` with at most ``max_outliers`` of
-    the samples in smaller parts (each of those joins the group it meets first along the tree),
-    or ``(None, best separation seen)``. ``weights``: how many samples each node stands for
-    (a representative of duplicates), counted in the sizes; None: one each.
+    shortest first. Just before each edge that joins two parts of at least ``min_size`` nodes
+    (at most half the nodes, for tiny graphs), the parts of that size are a candidate
+    partition, its separation the ratio of that edge to the longest edge inside any of them;
+    parts of the graph that are not connected at all are separated infinitely. Returns
+    ``(labels, separation)`` for the candidate with the most groups (with ``n_groups``: with
+    that many groups, the best separated) among those separated by at least ``min_gap`` with
+    at most ``max_outliers`` of the nodes in smaller parts (each of those joins the group it
+    meets first along the tree), or ``(None, best separation seen)``.
+
+    Sizes count nodes: the fit passes one node per distinct image, so that duplicates do not
+    turn a pair into a group.
     """
     from scipy.sparse.csgraph import minimum_spanning_tree
 
     n = index.shape[0]
-    w_node = np.ones(n, dtype=np.int64) if weights is None else np.asarray(weights, np.int64)
-    total = int(w_node.sum())
-    if total < 2 * min_size or index.shape[1] == 0:
+    min_size = max(1, min(int(min_size), n // 2))
+    if n < 2 or index.shape[1] == 0:
         return None, 1.0
     T = minimum_spanning_tree(_symmetric_distances(index, dist)).tocoo()
     order = np.argsort(T.data, kind="stable")
     ei, ej, ew = T.row[order], T.col[order], T.data[order]
     parent = np.arange(n)
-    size = w_node.copy()
+    size = np.ones(n, dtype=np.int64)
     inner = np.zeros(n)  # longest tree edge inside each part
 
     def find(a):
@@ -649,18 +657,24 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
             parent[a], a = root, parent[a]
         return root
 
-    big0 = size >= min_size
-    n_big, covered, longest = int(big0.sum()), int(size[big0].sum()), 0.0
-    best, best_ratio = None, 1.0  # (groups, edges taken) of the chosen candidate
+    n_big = n if min_size <= 1 else 0
+    covered, longest = n_big, 0.0
+    best, best_ratio = None, 1.0  # (groups, edges taken, ratio) of the chosen candidate
+
+    def consider(count, edges, ratio):
+        nonlocal best
+        if ratio < min_gap or (n_groups is not None and count != n_groups):
+            return
+        if best is None or count > best[0] or (count == best[0] and ratio > best[2]):
+            best = (count, edges, ratio)
+
     for e in range(len(ew)):
         a, b, w = find(ei[e]), find(ej[e]), float(ew[e])
         big_a, big_b = size[a] >= min_size, size[b] >= min_size
-        if big_a and big_b:
+        if big_a and big_b and n - covered <= max_outliers * n:
             ratio = w / longest if longest > 0 else math.inf
-            if total - covered <= max_outliers * total:
-                best_ratio = max(best_ratio, ratio)
-                if ratio >= min_gap and (best is None or n_big > best[0]):
-                    best = (n_big, e)
+            best_ratio = max(best_ratio, ratio)
+            consider(n_big, e, ratio)
         if size[a] < size[b]:
             a, b = b, a
         parent[b] = a
@@ -671,23 +685,22 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
             n_big += 1 - int(big_a) - int(big_b)
             covered += size[a] - before
             longest = max(longest, inner[a])
-    if n_big >= 2 and total - covered <= max_outliers * total:
+    if n_big >= 2 and n - covered <= max_outliers * n:
         best_ratio = math.inf
-        if best is None or n_big > best[0]:
-            best = (n_big, len(ew))
+        consider(n_big, len(ew), math.inf)
     if best is None:
         return None, best_ratio
-    return _cut_tree(n, ei, ej, best[1], min_size, w_node), best_ratio
+    return _cut_tree(n, ei, ej, best[1], min_size), best_ratio
 
 
-def _cut_tree(n, ei, ej, n_edges, min_size, weights):
-    """Labels of the parts of at least ``min_size`` samples joined by the tree's first
+def _cut_tree(n, ei, ej, n_edges, min_size):
+    """Labels of the parts of at least ``min_size`` nodes joined by the tree's first
     ``n_edges`` edges; a smaller part joins the first of them it meets along the later
     edges (single linkage), and stays alone if it meets none."""
     parts = connected_components(
         coo_matrix((np.ones(n_edges), (ei[:n_edges], ej[:n_edges])), shape=(n, n)),
         directed=False)[1]
-    sizes = np.bincount(parts, weights=weights)
+    sizes = np.bincount(parts)
     group = np.where(sizes >= min_size, np.arange(sizes.size), -1)
     parent = np.arange(sizes.size)
 
@@ -708,13 +721,12 @@ def _cut_tree(n, ei, ej, n_edges, min_size, weights):
     return np.unique(labels, return_inverse=True)[1].astype(np.int64)
 
 
-def count_groups(index, dist, index_means, dist_means, graph, modes, random_state,
-                 weights=None):
+def count_groups(index, dist, index_means, dist_means, graph, modes, random_state):
     """``n_clusters=None``: the separated groups of the samples' kNN graph when there are
     (:func:`separated_groups`), else modularity's communities merged along the converged means
     (:func:`_leiden_count`). Returns ``(labels, rule, separation)``, ``rule`` "separated" or
     "modularity"."""
-    labels, separation = separated_groups(index, dist, weights=weights)
+    labels, separation = separated_groups(index, dist)
     if labels is not None:
         return labels, "separated", separation
     return (_leiden_count(index, dist, index_means, dist_means, graph, modes, random_state),

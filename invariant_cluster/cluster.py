@@ -436,8 +436,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
             self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
             # 4. group: Leiden on the samples' graph or its union with the means' graph
             stage = progress_bar(1, "grouping", "stage")
-            labels, Dg = self._group(D, idx, M, grid, k, seed, rho + sigma,
-                                     np.bincount(sample, minlength=m))
+            labels, Dg = self._group(D, idx, M, grid, k, seed, rho + sigma)
             stage.update()
             stage.close()
             self._log(f"{int(labels.max()) + 1} clusters ({time.perf_counter() - t0:.1f} s)")
@@ -515,12 +514,11 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         Pu[rows] = p.to(Pu.dtype)
         return Mu, Pu
 
-    def _group(self, D, idx, M, grid, k, seed, tol_modes, weights):
+    def _group(self, D, idx, M, grid, k, seed, tol_modes):
         """Labels (largest cluster first) from the samples' graph ``(D, idx)``, the means'
         graph, or their union (see ``graph``); and the distances of the graph that ranks each
         cluster's densest member. ``tol_modes``: the edge length within which two converged
-        means are one mode (a tensor, used by ``n_clusters=None``); ``weights``: the samples
-        each row stands for (its duplicates)."""
+        means are one mode (a tensor, used by ``n_clusters=None``)."""
         idx_m = dist_m = modes = None
         Dg = D
         graph = self.graph
@@ -557,7 +555,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
                 Dg = Dm
         labels, self.graph_, self.count_rule_ = group(
             idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m, self.n_clusters, graph,
-            self.grouping, seed, modes, weights)
+            self.grouping, seed, modes)
         return _relabel_by_size(labels), Dg
 
     def fit_predict(self, X, y=None):

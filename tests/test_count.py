@@ -80,6 +80,15 @@ def test_count_rule_given():
     assert _fit(X, n_clusters=2).count_rule_ == "given"
 
 
+@pytest.mark.parametrize("n_shapes, n_copies", [(2, 60), (3, 100)])
+def test_given_count_on_copy_sets(n_shapes, n_copies):
+    # Leiden's resolution search cut chains of copies at arbitrary places (2 shapes x 60
+    # copies with n_clusters=2: ARI 0.78); the separated partition with that count is taken
+    X, y = _copies(n_shapes, n_copies, seed=11)
+    est = _fit(X, n_clusters=n_shapes)
+    assert adjusted_rand_score(y, est.labels_) == 1.0
+
+
 # ------------------------------------------------------------------ separated partitions
 def _knn(points, k):
     """Exact Euclidean kNN graph of ``points`` (self left out)."""
@@ -124,11 +133,18 @@ def test_separated_groups_outliers_join_their_group():
     assert labels.max() == 1
 
 
-def test_separated_groups_weights_count_duplicates():
-    # two points, each standing for 5 samples: two groups of 5
-    labels, ratio = separated_groups(np.array([[1], [0]]), np.array([[4.0], [4.0]]),
-                                     weights=np.array([5, 5]))
+def test_separated_groups_of_two_nodes():
+    # fewer than 6 nodes: a group needs at most half of them (two distinct images far apart)
+    labels, ratio = separated_groups(np.array([[1], [0]]), np.array([[4.0], [4.0]]))
     assert labels.tolist() == [0, 1] and ratio == np.inf
+
+
+def test_separated_groups_with_a_given_count():
+    pts = np.concatenate([np.c_[np.arange(10), np.full(10, y0)]
+                          for y0 in (0.0, 3.0, 30.0, 33.0)]).astype(float)
+    labels, _ = separated_groups(*_knn(pts, 6), n_groups=2)
+    assert adjusted_rand_score(np.repeat(np.arange(2), 20), labels) == 1.0
+    assert separated_groups(*_knn(pts, 6), n_groups=3)[0] is None
 
 
 # ------------------------------------------------------------------ duplicates and order
