@@ -585,13 +585,14 @@ def merge_by_modes(labels: np.ndarray, modes) -> np.ndarray:
 
 
 # The count of separated groups (n_clusters=None). A partition of the samples' kNN graph into
-# groups of at least SEPARATED_MIN_SIZE samples is "separated" when the shortest edge between
-# two groups is at least SEPARATED_MIN_GAP times the longest edge of the single-linkage tree
-# that holds any group together (a single-linkage Dunn index). Such a partition is what exact
-# or near copies of a few shapes give: 150 copy sets in benchmarks/results/count.json. Natural
-# classes chain into each other and have none: the best ratio on 2,000 MNIST digits rotated
-# within +-45 degrees is 1.001-1.002 (seeds 0-2). Samples of tiny parts (fewer than
-# SEPARATED_MIN_SIZE, at most SEPARATED_MAX_OUTLIERS of all) join the group they meet first.
+# groups of at least SEPARATED_MIN_SIZE distinct images is "separated" when the shortest edge
+# between two groups is at least SEPARATED_MIN_GAP times the longest edge of the single-linkage
+# tree that holds any group together (a single-linkage Dunn index). Copies of a few shapes give
+# such partitions; natural classes chain into each other and give none (the best ratio on
+# 2,000 MNIST digits rotated within +-45 degrees is 1.001-1.002, seeds 0-2). The 1.25 sits
+# between those and the ratios of the copy sets' own partitions, most of them 1.4 to infinity
+# (benchmarks/bench_count.py). Images of tiny parts (at most SEPARATED_MAX_OUTLIERS of all)
+# join the group they meet first.
 SEPARATED_MIN_GAP = 1.25
 SEPARATED_MIN_SIZE = 3
 SEPARATED_MAX_OUTLIERS = 0.1

@@ -87,7 +87,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
     ----------
     n_clusters : int or None, default=None
         None: the data decide how many. First, the samples' invariant kNN graph is searched for
-        separated groups: the finest partition into groups of at least 3 samples in which the
+        separated groups: the finest partition into groups of at least 3 images in which the
         shortest edge between two groups is at least 1.25 times the longest edge of the
         single-linkage tree inside any group, with at most 10% of the samples left in smaller
         parts (they join the group they meet first). Copies of a few shapes are such groups
@@ -98,7 +98,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         wrong where copies of one shape are farther apart than two shapes (8 x 8 digits of the
         same class at arbitrary angles) and where natural classes are not modularity's
         communities; inspect ``cluster_centers_`` before trusting it.
-        An int: with ``grouping="leiden"`` Leiden's resolution is searched until the partition
+        An int: with ``grouping="leiden"``, the separated partition with ``n_clusters`` groups
+        when there is one, else Leiden's resolution is searched until the partition
         has ``n_clusters`` parts of at least 2% of ``n_samples / n_clusters`` samples each (a
         smaller part, such as a pair of near-copies, joins the part it is most strongly
         joined to; k-means on umap-learn's layout of the same graph if no resolution gives
@@ -225,7 +226,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
     count_rule_ : str
         What decided the number of clusters: "given" (``n_clusters``), "separated" (separated
         groups of the kNN graph), "modularity" (Leiden at resolution 1, see ``n_clusters``) or
-        "hdbscan" (``grouping="umap"``).
+        "hdbscan" (``grouping="umap"``, ``n_clusters=None``).
     cluster_centers_ : ndarray of shape (n_clusters_, n_features)
         Each cluster's invariant mean of its samples.
     n_clusters_ : int
