@@ -58,7 +58,7 @@ def unique_in_canonical_order(X2: np.ndarray):
 
 
 def near_duplicates(D: torch.Tensor, idx: torch.Tensor):
-    """Groups of near duplicates in a kNN graph: ``(rep,)`` or None when there are none.
+    """Groups of near duplicates in a kNN graph: ``rep`` or None when there are none.
 
     ``D``: ``(n, k)`` squared invariant distances to the ``k`` nearest other samples ``idx``.
     Edges no longer than ``DUPLICATE_TOL`` times the median distance to the k-th neighbour are
@@ -81,4 +81,4 @@ def near_duplicates(D: torch.Tensor, idx: torch.Tensor):
         directed=False)
     first = np.full(comp.max() + 1, n, dtype=np.int64)
     np.minimum.at(first, comp, np.arange(n))
-    return (first[comp],)
+    return first[comp]

@@ -592,8 +592,7 @@ def merge_by_modes(labels: np.ndarray, modes) -> np.ndarray:
 # 2,000 MNIST digits rotated within +-45 degrees is 1.001-1.002, seeds 0-2). The 1.25 sits
 # between those and the ratios of the true partitions of bench_count.py's 150 copy sets (median
 # 3.0, 125 of them at 1.4 or more, 9 under 1). Images of tiny parts (at most
-# SEPARATED_MAX_OUTLIERS of all)
-# join the group they meet first.
+# SEPARATED_MAX_OUTLIERS of all) join the group they meet first.
 SEPARATED_MIN_GAP = 1.25
 SEPARATED_MIN_SIZE = 3
 SEPARATED_MAX_OUTLIERS = 0.1
@@ -650,15 +649,6 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
     parent = np.arange(n)
     size = np.ones(n, dtype=np.int64)
     inner = np.zeros(n)  # longest tree edge inside each part
-
-    def find(a):
-        root = a
-        while parent[root] != root:
-            root = parent[root]
-        while parent[a] != root:
-            parent[a], a = root, parent[a]
-        return root
-
     n_big = n if min_size <= 1 else 0
     covered, longest = n_big, 0.0
     best, best_ratio = None, 1.0  # (groups, edges taken, ratio) of the chosen candidate
@@ -671,7 +661,7 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
             best = (count, edges, ratio)
 
     for e in range(len(ew)):
-        a, b, w = find(ei[e]), find(ej[e]), float(ew[e])
+        a, b, w = _find(parent, ei[e]), _find(parent, ej[e]), float(ew[e])
         big_a, big_b = size[a] >= min_size, size[b] >= min_size
         if big_a and big_b and n - covered <= max_outliers * n:
             ratio = w / longest if longest > 0 else math.inf
@@ -695,6 +685,16 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
     return _cut_tree(n, ei, ej, best[1], min_size), best_ratio
 
 
+def _find(parent: np.ndarray, a: int) -> int:
+    """The root of ``a`` in the union-find forest ``parent``, the path to it compressed."""
+    root = a
+    while parent[root] != root:
+        root = parent[root]
+    while parent[a] != root:
+        parent[a], a = root, parent[a]
+    return root
+
+
 def _cut_tree(n, ei, ej, n_edges, min_size):
     """Labels of the parts of at least ``min_size`` nodes joined by the tree's first
     ``n_edges`` edges; a smaller part joins the first of them it meets along the later
@@ -705,20 +705,13 @@ def _cut_tree(n, ei, ej, n_edges, min_size):
     sizes = np.bincount(parts)
     group = np.where(sizes >= min_size, np.arange(sizes.size), -1)
     parent = np.arange(sizes.size)
-
-    def find(a):
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
     for e in range(n_edges, len(ei)):
-        a, b = find(parts[ei[e]]), find(parts[ej[e]])
+        a, b = _find(parent, parts[ei[e]]), _find(parent, parts[ej[e]])
         if a == b or (group[a] >= 0 and group[b] >= 0):
             continue
         parent[b] = a
         group[a] = group[a] if group[a] >= 0 else group[b]
-    roots = np.array([find(p) for p in range(sizes.size)])
+    roots = np.array([_find(parent, p) for p in range(sizes.size)])
     labels = np.where(group[roots] >= 0, group[roots], sizes.size + roots)[parts]
     return np.unique(labels, return_inverse=True)[1].astype(np.int64)
 

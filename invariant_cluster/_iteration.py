@@ -117,7 +117,7 @@ def iterate_attention(Xt, idx, P, rho, sigma, bandwidth, *, update="fixed", max_
     """
     if update == "blurring":
         return blurring_mean_shift(Xt, idx, P, rho, sigma, bandwidth, max_iter=max_iter,
-                                   tol=tol, batch_size=batch_size)
+                                   tol=tol, batch_size=batch_size, counts=counts)
     M, W, history, converged = mean_shift(Xt, idx, P, rho, sigma, bandwidth, max_iter=max_iter,
                                           tol=tol, batch_size=batch_size, counts=counts)
     if max_iter > 0:
@@ -233,7 +233,8 @@ def attend_means(M, idx, P, bandwidth, batch_size=None, counts=None):
     return out.reshape(M.shape), W
 
 
-def blurring_mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=None):
+def blurring_mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=None,
+                        counts=None):
     """Invariant attention with the current means as keys (Gaussian blurring mean shift) on
     the samples' kNN graph, stopped when the cluster structure stops changing.
 
@@ -264,7 +265,8 @@ def blurring_mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, bat
             rows = torch.arange(r0, min(n, r0 + rows_per), device=Xt.device)
             keys = _aligned_keys(M, rows, idx[rows], P[rows])
             d = torch.linalg.vector_norm(keys[:, :1] - keys, dim=2)
-            w = attention_weights(d, rho[rows], sigma[rows], bandwidth)
+            w = attention_weights(d, rho[rows], sigma[rows], bandwidth,
+                                  _log_counts(counts, rows, idx[rows]))
             new[rows] = torch.bmm(w[:, None].to(keys.dtype), keys)[:, 0]
             W[rows] = w
             edge[rows] = d[:, 1:]

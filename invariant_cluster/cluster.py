@@ -343,10 +343,12 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         self.noise_std = noise_std
 
     # ------------------------------------------------------------------ helpers
-    def _tensor(self, X2, device):
+    def _tensor(self, X2, device, copy=True):
+        """``X2`` as images; a copy unless ``copy=False`` (for a new array of the fit's own:
+        the input may be read-only, and the fit must never write into it)."""
         dtype = torch.float64 if X2.dtype == np.float64 else torch.float32
-        # a copy: the input may be read-only, and the fit must never write into it
-        return torch.tensor(X2, dtype=dtype, device=device).reshape(-1, *self.image_shape_)
+        make = torch.tensor if copy else torch.as_tensor
+        return make(X2, dtype=dtype, device=device).reshape(-1, *self.image_shape_)
 
     def _filtered(self, Xt):
         """New images as the fit saw them: filtered in place by ``filter_`` (``Xt`` is a
@@ -385,9 +387,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         # order of the samples or on how often an image is stored (see _duplicates)
         first, inverse = unique_in_canonical_order(X2)
         # 0. the noise, measured on (at most 10,000 of) the distinct images
-        # X2[first] is a new array: the tensor can share its memory
-        Xu = torch.as_tensor(X2[first], dtype=torch.float64 if X2.dtype == np.float64
-                             else torch.float32, device=dev).reshape(-1, *self.image_shape_)
+        Xu = self._tensor(X2[first], dev, copy=False)  # X2[first] is a new array
         self.filter_ = RadialWiener(self.noise_std, image_shape=self.image_shape_)._fit_tensor(Xu)
         self.noise_std_ = float(self.filter_.noise_std_)
         filtered = not self.filter_.is_identity
@@ -411,7 +411,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
             dup = near_duplicates(D, idx)
             Xt, rep_u = Xu, np.arange(len(first))
             if dup is not None:
-                rep_u = np.unique(dup[0])
+                rep_u = np.unique(dup)
                 Xt = Xu[torch.as_tensor(rep_u, device=dev)]
                 k = int(min(self.n_neighbors, len(rep_u) - 1))
                 D, idx, P = self._search(Xt, grid, k)
@@ -420,7 +420,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
             core = np.zeros(len(first), dtype=np.int64)
             core[rep_u] = np.arange(m)
             if dup is not None:
-                core = core[dup[0]]
+                core = core[dup]
             sample = core[inverse]  # each sample's row in the fit's arrays
             self._log(f"kNN graph (k={k}): {time.perf_counter() - t0:.1f} s")
             # 2. bandwidth
@@ -444,7 +444,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
             # 5. centres: each cluster's invariant mean, started at its densest converged mean
             centers, params = cluster_means(Xt, M, labels, self._grid(), self.batch_size, Dg)
             # every sample takes its representative's results (a near duplicate its own pose)
-            M, params = self._expand(Xu, Xt, M, params, centers, labels, core, dup)
+            M, params = self._expand(Xu, M, params, centers, labels, core, dup)
         if self.max_iter > 0 and not converged:
             warnings.warn(
                 f"InvariantAttentionClusterer did not converge in max_iter={self.max_iter} "
@@ -484,13 +484,13 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
                           exclude=torch.arange(Xt.shape[0], device=Xt.device),
                           client=self.client)
 
-    def _expand(self, Xu, Xt, M, params, centers, labels, core, dup):
+    def _expand(self, Xu, M, params, centers, labels, core, rep):
         """The means and alignments of every distinct image ``Xu`` from those of the
-        representatives ``Xt``: a near duplicate takes its representative's mean warped into
+        representatives (row ``core[i]`` for image ``i``; ``rep[i]`` its representative, None
+        without near duplicates): a near duplicate takes its representative's mean warped into
         its own pose, and its own alignment onto its cluster's centre."""
-        if dup is None:
+        if rep is None:
             return M, params
-        (rep,) = dup
         own = np.flatnonzero(rep != np.arange(len(rep)))
         Mu, Pu = M[torch.as_tensor(core, device=M.device)], params[torch.as_tensor(
             core, device=M.device)]
@@ -510,7 +510,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         _, _, onto = candidate_search(C, Xu[rows], torch.arange(len(own), device=dev)[:, None],
                                       grid, k=1, batch_size=self.batch_size)
         refine = self._grid()
-        d, p = refine_pairs(C, Xu[rows], torch.arange(len(own), device=dev),
+        _, p = refine_pairs(C, Xu[rows], torch.arange(len(own), device=dev),
                             torch.arange(len(own), device=dev), onto[:, 0], refine)
         Pu[rows] = p.to(Pu.dtype)
         return Mu, Pu

@@ -163,7 +163,7 @@ def test_unique_in_canonical_order():
 def test_near_duplicates():
     D = torch.tensor([[0.0, 4.0], [0.0, 4.0], [4.0, 4.0]]) ** 2
     idx = torch.tensor([[1, 2], [0, 2], [0, 1]])
-    (rep,) = near_duplicates(D, idx)
+    rep = near_duplicates(D, idx)
     assert rep.tolist() == [0, 0, 2]
     assert near_duplicates(torch.full((3, 2), 16.0), idx) is None
 
