@@ -19,6 +19,8 @@ import importlib
 import sys
 import warnings
 
+from ._threads import start_numba_threads
+
 _PREPARED: set = set()
 
 
@@ -109,6 +111,7 @@ def import_cached(package: str):
             _PREPARED.add("pynndescent")
             _enable_numba_cache("pynndescent")
         _route_distance_by_pointer()
+    start_numba_threads()
     return module
 
 

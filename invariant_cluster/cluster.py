@@ -7,7 +7,6 @@ of the converged means) -> centres (each cluster's invariant mean).
 
 from __future__ import annotations
 
-import contextlib
 import numbers
 import time
 import warnings
@@ -42,6 +41,7 @@ from ._iteration import (  # noqa: F401 - the iteration's names, importable from
     mean_shift,
 )
 from ._progress import progress, progress_bar
+from ._threads import thread_limit
 from ._utils import resolve_device
 from .barycenters import cluster_means
 from .denoise import RadialWiener
@@ -49,27 +49,6 @@ from .search import all_pairs, candidate_search, knn_search, refine_pairs
 from .transforms import fast_warp
 
 __all__ = ["InvariantAttentionClusterer", "invariant_attention_clustering"]
-
-
-@contextlib.contextmanager
-def _thread_limit(n_jobs):
-    """Limit torch's threads and the BLAS/OpenMP pools to ``n_jobs`` (None: leave them as set,
-    e.g. by ``OMP_NUM_THREADS`` or threadpoolctl; negative: ``cpu_count + 1 + n_jobs``)."""
-    if n_jobs is None:
-        yield
-        return
-    import os
-
-    from threadpoolctl import threadpool_limits
-
-    n = int(n_jobs) if n_jobs > 0 else max(1, (os.cpu_count() or 1) + 1 + int(n_jobs))
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        with threadpool_limits(limits=n):
-            yield
-    finally:
-        torch.set_num_threads(old)
 
 
 class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin,
@@ -400,7 +379,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
             dev, f"InvariantAttentionClusterer.fit on {n} images",
             hint="fit a subset, lower n_neighbors, or run on a machine with more memory")
         t0 = time.perf_counter()
-        with _thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose):
+        with thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose):
             if filtered:
                 self._filtered(Xu)
                 self._log(f"noise {self.noise_std_:.3g} filtered "
@@ -568,7 +547,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         check_is_fitted(self)
         X2 = self._validate(X, reset=False)
         dev = resolve_device(self.device)
-        with _thread_limit(self.n_jobs), torch.no_grad():
+        with thread_limit(self.n_jobs), torch.no_grad():
             Xt = self._filtered(self._tensor(X2.astype(self.cluster_centers_.dtype, copy=False),
                                              dev))
             C = self._tensor(self.cluster_centers_, dev)
@@ -614,7 +593,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         dev = resolve_device(self.device)
         fit_X = self._fit_X
         k = int(min(self.n_neighbors, len(fit_X)))
-        with _thread_limit(self.n_jobs), torch.no_grad():
+        with thread_limit(self.n_jobs), torch.no_grad():
             Xq = self._filtered(self._tensor(X2.astype(fit_X.dtype, copy=False), dev))
             _, idx, _ = knn_search(Xq, self._tensor(fit_X, dev), self._grid(refine=False), k,
                                    method=self.neighbor_search, n_candidates=self.n_candidates,
