@@ -167,6 +167,29 @@ def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
     return torch.stack(centers), params
 
 
+def _check_labels(labels, n: int) -> np.ndarray:
+    """``labels`` as an array of shape (n,) with no missing value (NaN or None)."""
+    lab = np.asarray(labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels)
+    if lab.shape != (n,):
+        raise ValueError(f"labels: expected shape ({n},), got {lab.shape}")
+    if lab.dtype.kind == "c":
+        raise TypeError("labels: expected integers or strings, got complex numbers")
+    missing = (~np.isfinite(lab)) if lab.dtype.kind == "f" else np.array(
+        [x is None or (isinstance(x, float) and not np.isfinite(x)) for x in lab], bool) \
+        if lab.dtype.kind == "O" else np.zeros(n, bool)
+    if missing.any():
+        raise ValueError(f"labels: {int(missing.sum())} missing (NaN, infinite or None) value(s), "
+                         f"first at position {int(np.flatnonzero(missing)[0])}; give every "
+                         "image a label")
+    if lab.dtype.kind == "O":
+        try:
+            np.unique(lab)
+        except TypeError as exc:
+            raise TypeError("labels: values of one kind expected (all numbers or all "
+                            f"strings): {exc}") from None
+    return lab
+
+
 @reusing_heap
 def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=180.0,
                    n_rotations=36, max_translation=0, refine=True, reflection=False,
@@ -253,9 +276,7 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
     if labels is not None and center:
         raise ValueError("center: only with labels=None (each image's class average)")
     if labels is not None:
-        lab = np.asarray(labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels)
-        if lab.shape != (n,):
-            raise ValueError(f"labels: expected shape ({n},), got {lab.shape}")
+        lab = _check_labels(labels, n)
         grid = make_search_grid(group, max_rotation, n_rotations, max_translation, refine,
                                 reflection)
         means = []

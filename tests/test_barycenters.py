@@ -7,7 +7,7 @@ import pytest
 import torch
 from _images import random_images
 
-from invariant_cluster import invariant_distances, invariant_mean, warp_se2
+from invariant_cluster import class_averages, invariant_distances, invariant_mean, warp_se2
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -229,3 +229,18 @@ class TestErrors:
     def test_bad_max_iter(self, max_iter):
         with pytest.raises(ValueError, match="max_iter"):
             invariant_mean(self.X, max_iter=max_iter)
+
+
+@pytest.mark.parametrize("labels", [[0, np.nan, 1, 1], [0, None, 1, 1], [0, 1, np.inf, 1],
+                                    np.array([0.0, 1.0, 1.0, np.nan])])
+def test_class_averages_missing_labels_named(labels):
+    X = np.random.default_rng(0).random((4, 8, 8)).astype(np.float32)
+    with pytest.raises(ValueError, match="labels: 1 missing"):
+        class_averages(X, labels=labels, n_rotations=4)
+
+
+def test_class_averages_float_labels_are_classes():
+    X = np.random.default_rng(0).random((4, 8, 8)).astype(np.float32)
+    a = class_averages(X, labels=[1.0, 1.0, 0.0, 0.0], n_rotations=4)
+    b = class_averages(X, labels=[1, 1, 0, 0], n_rotations=4)
+    np.testing.assert_array_equal(a, b)
