@@ -133,7 +133,13 @@ def load_input(path, labels=None, image_shape=None):
 
 
 def _check_out(path):
-    """Create ``--out`` and make sure that a file can be written there, BEFORE the long part."""
+    """Create ``--out`` and make sure that a file can be written there, BEFORE the long part.
+
+    An empty path (an unset shell variable, ``--out "$OUTDIR"``) is refused rather than read as
+    the current folder, whose files of the same names the run would replace."""
+    if not str(path).strip():
+        raise UsageError("--out: empty folder name (an unset variable?); name the output "
+                         "folder, e.g. --out results, or --out . for the current folder")
     out = Path(path)
     probe = out / f".{PROG}-write-test"
     try:

@@ -160,3 +160,18 @@ def test_bad_run_keeps_the_earlier_results(tmp_path, capsys, images):
                        "bad.npz")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(before) == FIT_FILES
+
+
+@pytest.mark.parametrize("command", ["fit", "neighbors", "class-averages"])
+@pytest.mark.parametrize("out", ["", "  "])
+def test_empty_out_is_refused_and_nothing_is_overwritten(tmp_path, capsys, monkeypatch, images,
+                                                         command, out):
+    """``--out "$OUTDIR"`` with the variable unset must not write into the current folder."""
+    if command == "class-averages":
+        pytest.importorskip("mrcfile")
+    monkeypatch.chdir(tmp_path)
+    for name in FIT_FILES:
+        (tmp_path / name).write_text("the user's own file")
+    assert_usage_error(call(capsys, command, images[1], "--out", out), "--out", "empty")
+    for name in FIT_FILES:
+        assert (tmp_path / name).read_text() == "the user's own file"

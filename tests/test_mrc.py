@@ -237,3 +237,17 @@ class TestOneStepClassAverages:
         proc = call(capsys, "class-averages", path, *args, "--device", "cpu",
                     "--out", tmp_path / "e")
         assert_usage_error(proc, fragment)
+
+
+@pytest.mark.parametrize("suffix", [".bin", ".dat", ""])
+def test_mrc_under_another_suffix_is_read_as_mrc(tmp_path, capsys, suffix):
+    """An MRC file's first bytes name it ("MAP " at byte 208), whatever its suffix."""
+    from invariant_cluster.datasets._files import load_input
+
+    data = random_images((6, 10, 10), seed=3).astype(np.float32)
+    path = write(tmp_path / "stack.mrcs", data)
+    other = path.rename(tmp_path / f"stack{suffix}")
+    X = load_input(other)[0]
+    np.testing.assert_array_equal(np.asarray(X).reshape(data.shape), data)
+    proc = call(capsys, "fit", other, "--out", tmp_path / "out", "--n-rotations", 4)
+    assert proc.returncode == 0, proc.stderr

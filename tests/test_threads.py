@@ -50,7 +50,8 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fit_leaves_thread_settings(case):
     n, call = CASES[case]
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(_SCRIPT.replace("N]", f"{n}]").replace("CALL", call))],
+    script = textwrap.dedent(_SCRIPT.replace("N]", f"{n}]").replace("CALL", call))
+    out = subprocess.run([sys.executable, "-c", script],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     state = json.loads(out.stdout.strip().splitlines()[-1])

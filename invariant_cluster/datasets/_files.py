@@ -115,9 +115,28 @@ def load_folder(path):
     return np.stack(images), [f.name for f in files]
 
 
+def _sniff(path) -> str | None:
+    """The suffix of the format a file's first bytes announce (``.npy``, ``.npz``, ``.mrc``), or
+    None: an MRC file named ``.bin`` or ``.dat`` is read as MRC, not as IDX."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(212)
+    except OSError:
+        return None
+    if head.startswith(b"\x93NUMPY"):
+        return ".npy"
+    if head.startswith(b"PK\x03\x04"):
+        return ".npz"
+    if head[208:212] == b"MAP ":
+        return ".mrc"
+    return None
+
+
 def _read_file(path):
     """The array (and labels) of one file; any failure to parse it is a ValueError naming it."""
     suffix = path.suffix.lower()
+    if suffix not in _KINDS:
+        suffix = _sniff(path) or suffix
     try:
         if suffix == ".npy":
             return np.load(path, allow_pickle=False), None
@@ -143,6 +162,8 @@ def load_labels(path):
     if not path.is_file():
         raise FileNotFoundError(f"--labels {path}: no such file")
     suffix = path.suffix.lower()
+    if suffix not in _KINDS and suffix not in (".csv", ".txt"):
+        suffix = _sniff(path) or suffix
     try:
         if suffix == ".npy":
             y = np.load(path, allow_pickle=False)
@@ -170,7 +191,8 @@ def load_input(path, labels=None, image_shape=None):
         A ``.npy`` array, a ``.npz`` archive (images under ``X`` or ``data``, optional labels
         under ``y`` or ``target``), an MRC stack (``.mrcs``/``.mrc``, see
         :func:`~invariant_cluster.datasets.load_mrc`), an IDX file (``*-idx3-ubyte[.gz]``; any
-        other name is read as IDX too) or a folder of PNG/JPEG images of one size (read as grey
+        other name is read by what its first bytes announce: NumPy, zip, MRC, else IDX) or a
+        folder of PNG/JPEG images of one size (read as grey
         levels, sorted by file name).
     labels : str or Path, optional
         Labels: ``.npy``, ``.npz``, ``.csv``/``.txt`` (one per line) or IDX.
