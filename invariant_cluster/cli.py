@@ -83,9 +83,9 @@ versions; iterating collapses each cluster onto its invariant mean (its "center"
 Input: a .npy array, a .npz archive (images under X or data, labels under y or target), an
 MRC stack (.mrcs, or .mrc holding a stack; pip install invariant_cluster[mrc]), IDX files (the
 MNIST format, e.g. t10k-images-idx3-ubyte.gz, labels with --labels) or a folder of PNG/JPEG
-images of one size (read in grey levels, sorted by name). uint8 pixels are scaled to
-[0, 1]. Arrays may be (n, H, W), (n, C, H, W), or (n, H*W) with square images (else give
---image-shape).
+images of one size (read in grey levels, sorted by name). Pixels are taken at their values,
+as the Python API takes them (uint8 stays 0..255). Arrays may be (n, H, W), (n, C, H, W),
+or (n, H*W) with square images (else give --image-shape).
 
 Output (in --out): labels.csv, alignments.csv (the rotation in degrees and shift in pixels
 that move each image onto its cluster's center), centers.png, centers.npy, and metrics.json

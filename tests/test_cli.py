@@ -245,3 +245,22 @@ def test_noise_std_reaches_the_estimator(given, expected):
     params = _estimator_params(args)
     # not given: the estimator's own default ("auto") applies
     assert params.get("noise_std") == expected
+
+
+def test_uint8_input_is_read_as_the_python_api_reads_it(tmp_path, capsys):
+    """One rule for integer pixels: the command line passes them at their values, as the
+    estimators take them, so a fit from a uint8 file equals the Python fit of the array."""
+    from invariant_cluster import InvariantAttentionClusterer
+
+    rng = np.random.default_rng(7)
+    X = (rng.random((12, 9, 9)) * 255).astype(np.uint8)
+    np.save(tmp_path / "u8.npy", X)
+    out = tmp_path / "out"
+    proc = call(capsys, "fit", tmp_path / "u8.npy", "--n-clusters", "2", "--n-rotations", "4",
+                "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    est = InvariantAttentionClusterer(n_clusters=2, n_rotations=4, random_state=0).fit(X)
+    centers = np.load(out / "centers.npy").reshape(est.cluster_centers_.shape)
+    # the centres of a fit in 0..255 are in 0..255 (divided by 255 they would be below 1)
+    assert centers.max() > 1.0
+    np.testing.assert_allclose(centers, est.cluster_centers_, rtol=1e-4, atol=1e-3)

@@ -50,13 +50,14 @@ def as_images(array, source, image_shape=None):
     side = max(a.shape[-2:]) if a.ndim > 2 else max(image_shape or (math.isqrt(size),))
     limit = math.sqrt(magnitude_limit(np.float32, (1, side, side)) / size)
     peak = max(abs(float(a.max())), abs(float(a.min())))
-    if a.dtype != np.uint8 and peak >= limit:
+    if peak >= limit:
         raise ValueError(
             f"{source}: values up to {peak:.3g} overflow float32 in the squared distance "
             f"between two images of {size} values; expected |x| < {limit:.3g} (rescale, e.g. "
             "to [0, 1])"
         )
-    a = a.astype(np.float32) / 255.0 if a.dtype == np.uint8 else a.astype(np.float32)
+    # at their values, as the Python API takes them: uint8 grey levels stay 0..255
+    a = a.astype(np.float32)
     if image_shape is not None:
         shape = tuple(image_shape)
         if len(shape) == 2:
