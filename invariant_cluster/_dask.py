@@ -117,8 +117,12 @@ def blocked_map(fn: Callable, blocks: Iterable, *, shared: Sequence = (), client
                 out.append(fn(b, *shared))
                 bar.update()
             return out
-        # one scatter per shared object; wrapping in a list keeps dask from splitting a sequence
-        futures_shared = [client.scatter([s], broadcast=True)[0] for s in shared]
+        # one scatter per shared object; wrapping in a list keeps dask from splitting a sequence.
+        # hash=False: a key of its own for each call. dask's default key is the data's hash, so
+        # a second call with the same data (a second fit, the next test) reused the key that the
+        # first call's release was still forgetting on the scheduler, and its tasks were
+        # cancelled for "lost dependencies"
+        futures_shared = [client.scatter([s], broadcast=True, hash=False)[0] for s in shared]
         # the workers keep freed blocks in their heaps too (see invariant_cluster._heap)
         task = reusing_heap(fn)
         futures = [client.submit(task, b, *futures_shared, pure=False) for b in blocks]

@@ -49,6 +49,22 @@ def test_blocked_map_order(client):
     ]
 
 
+def _shared_sum_plus(block, shared):
+    return float(shared.sum()) + block
+
+
+def test_same_shared_data_call_after_call(client):
+    """Calls that scatter the same data one after the other (a second fit, the next test) each
+    get their own keys: with dask's default content-hash key, a call reused the key that the
+    previous call's release was still forgetting, and most calls failed with "lost
+    dependencies"."""
+    shared = torch.rand(50, 50, generator=torch.Generator().manual_seed(1))
+    expected = [float(shared.sum()) + b for b in range(4)]
+    for _ in range(60):
+        assert blocked_map(_shared_sum_plus, range(4), shared=(shared,),
+                           client=client) == expected
+
+
 def test_neighbor_search_identical_on_cluster(client):
     X, grid = _data()
     ref = neighbor_search(X, X, grid, k=5, n_candidates=15, batch_size=6)
