@@ -30,31 +30,32 @@ def unique_in_canonical_order(X2: np.ndarray):
     """``(first, inverse)``: ``X2[first]`` are the distinct rows of ``X2`` in an order that
     depends on their content only, and ``X2[first][inverse]`` equals ``X2``.
 
-    Rows are sorted by a fixed random projection (float64, stable): equal rows are adjacent
-    then, and each is represented by the first of its run. Two distinct rows with the same
-    projection (a measure-zero event) keep their order of input, and a run of equal rows that
-    such a tie interrupts is caught again by :func:`near_duplicates` (distance 0).
+    Equal rows are found exactly, by sorting the rows' bytes; the distinct rows are then put in
+    the order of a fixed random projection (float64, stable), computed on them in their byte
+    order, so that the order depends on the content only. (A projection alone does not find
+    equal rows: a BLAS product can round the same row differently at another position.)
     """
     n = X2.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    flat = X2.reshape(n, -1)
-    direction = np.random.RandomState(0).standard_normal(flat.shape[1])
-    # in blocks: a float64 copy of all the images at once would double the memory
-    key = np.concatenate([flat[i:i + 8192].astype(np.float64) @ direction
-                          for i in range(0, n, 8192)])
-    order = np.argsort(key, kind="stable")
-    # only neighbours in that order with the same projection can be equal rows
-    ks = key[order]
-    tie = np.flatnonzero(ks[1:] == ks[:-1]) + 1
+    flat = np.ascontiguousarray(X2.reshape(n, -1))
+    rows = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
+    order = np.argsort(rows, kind="stable")
     same = np.zeros(n, dtype=bool)
-    if tie.size:
-        same[tie] = (flat[order[tie]] == flat[order[tie - 1]]).all(1)
+    for i in range(1, n, 8192):  # in blocks: a comparison of all rows at once is n x d
+        j = min(n, i + 8192)
+        same[i:j] = (flat[order[i:j]] == flat[order[i - 1:j - 1]]).all(1)
     run = np.cumsum(~same) - 1
-    first = order[~same]
+    byte_first = order[~same]  # the first of each run of equal rows, in byte order
+    direction = np.random.RandomState(0).standard_normal(flat.shape[1])
+    key = np.concatenate([flat[byte_first[i:i + 8192]].astype(np.float64) @ direction
+                          for i in range(0, len(byte_first), 8192)])
+    rank_order = np.argsort(key, kind="stable")
+    rank = np.empty_like(rank_order)
+    rank[rank_order] = np.arange(len(rank_order))
     inverse = np.empty(n, dtype=np.int64)
-    inverse[order] = run
-    return first.astype(np.int64), inverse
+    inverse[order] = rank[run]
+    return byte_first[rank_order].astype(np.int64), inverse
 
 
 def near_duplicates(D: torch.Tensor, idx: torch.Tensor):

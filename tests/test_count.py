@@ -148,6 +148,20 @@ def test_separated_groups_with_a_given_count():
 
 
 # ------------------------------------------------------------------ duplicates and order
+@pytest.mark.parametrize("n, d", [(5, 25), (7, 3), (40, 64), (300, 784), (9, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_unique_in_canonical_order_finds_every_equal_row(n, d, dtype):
+    """Equal rows are equal wherever they sit: a BLAS projection can round the same row
+    differently at another position, so equality is decided on the bytes."""
+    X = np.random.default_rng(n * d).random((n, d)).astype(dtype)
+    for stacked in (np.concatenate([X, X]), np.concatenate([X, X, X])[::-1],
+                    np.concatenate([X, X[::2]])):
+        first, inverse = unique_in_canonical_order(stacked)
+        assert len(first) == n
+        np.testing.assert_array_equal(stacked[first][inverse], stacked)
+        np.testing.assert_array_equal(stacked[first], X[unique_in_canonical_order(X)[0]])
+
+
 def test_unique_in_canonical_order():
     rng = np.random.default_rng(0)
     X = rng.random((20, 7)).astype(np.float32)
