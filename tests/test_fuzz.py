@@ -676,3 +676,221 @@ def test_complex_input_is_one_value_error(call):
     Z = random_images((4, 5, 5), seed=10).astype(np.complex64)
     with pytest.raises(ValueError, match=r"^(X|images|params): Complex data not supported"):
         _COMPLEX_CALLS[call](Z)
+
+
+# ------------------------------------------------------------------------------ more surfaces
+@FEW
+@given(image_arrays(min_samples=1, max_samples=8), st.sampled_from(["auto", 0.0, 0.1, 5.0]),
+       st.sampled_from([0.5, 1.0]))
+def test_fuzz_radial_wiener(data, noise_std, power):
+    from invariant_cluster import RadialWiener
+
+    X, desc = data
+
+    def call():
+        est = RadialWiener(noise_std=noise_std, power=power).fit(X)
+        return est, est.transform(X)
+    out = _outcome(call, ["X", "noise_std", "power"])
+    if out is not None:
+        est, Y = out
+        assert np.shape(Y) == (desc["shape"][0], int(np.prod(desc["shape"][1:])))  # flattened
+        assert np.isfinite(est.noise_std_) and est.noise_std_ >= 0
+        _finite(Y)
+
+
+@FEW
+@given(image_arrays(min_samples=1, max_samples=8, dims=(3, 4)), st.sampled_from([1, 3, 40]),
+       st.sampled_from([None, 4]))
+def test_fuzz_dihedral_pca(data, n_components, output_size):
+    from invariant_cluster import DihedralPCA
+
+    X, desc = data
+
+    def call():
+        est = DihedralPCA(n_components, output_size=output_size).fit(X)
+        return est, est.transform(X)
+    out = _outcome(call, ["X", "n_components", "output_size"])
+    if out is not None:
+        est, Y = out
+        assert np.shape(Y)[0] == desc["shape"][0]
+        _finite(Y)
+
+
+@FEW
+@given(image_arrays(min_samples=2, max_samples=7), st.integers(1, 4), st.booleans(),
+       st.sampled_from(["se2", "rotation", "translation", "none"]))
+def test_fuzz_class_averages(data, k, with_labels, group):
+    from invariant_cluster import class_averages
+
+    X, desc = data
+    n = desc["shape"][0]
+    labels = np.arange(n) % 2 if with_labels else None
+
+    def call():
+        return class_averages(X, n_neighbors=k, labels=labels, group=group, n_rotations=4,
+                              max_translation=1)
+    out = _outcome(call, ["X", "n_neighbors", "labels"])
+    if out is not None:
+        assert np.shape(out) == ((len(np.unique(labels)), *desc["shape"][1:]) if with_labels
+                                 else desc["shape"])
+        _finite(out)
+
+
+@FEW
+@given(image_arrays(min_samples=2, max_samples=7), st.integers(1, 4), st.booleans())
+def test_fuzz_aligned_neighbors(data, k, reflection):
+    from invariant_cluster import aligned_neighbors
+
+    X, desc = data
+    n = desc["shape"][0]
+
+    def call():
+        return aligned_neighbors(X, n_neighbors=k, n_rotations=4, reflection=reflection)
+    out = _outcome(call, ["X", "n_neighbors"])
+    if out is not None:
+        ind, tau = out
+        assert ind.shape == (n, k) and tau.shape == (n, k, 4 if reflection else 3)
+        assert ((ind >= 0) & (ind < n)).all()
+        assert (ind != np.arange(n)[:, None]).all(), "an image is its own neighbour"
+        assert all(len(set(row)) == k for row in ind.tolist()), "a neighbour repeated"
+        _finite(tau)
+
+
+@FEW
+@given(st.sampled_from(["valid", "truncated", "garbage", "empty", "header only", "nan",
+                        "volume"]),
+       st.sampled_from([np.float32, np.int16, np.int8, np.uint16, np.float16]),
+       st.integers(1, 4), st.integers(1, 9), st.integers(0, 2**16))
+def test_fuzz_load_mrc(kind, dtype, n, side, seed):
+    mrcfile = pytest.importorskip("mrcfile")
+    import tempfile
+    from pathlib import Path
+
+    from invariant_cluster.datasets import load_mrc
+
+    rng = np.random.default_rng(seed)
+    data = (rng.random((n, side, side)) * 100).astype(dtype)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "stack.mrcs"
+        if kind in ("valid", "truncated", "header only", "nan"):
+            if kind == "nan":
+                data = data.astype(np.float32)
+                data.flat[seed % data.size] = np.nan
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # mrcfile's, on NaN
+                with mrcfile.new(path) as mrc:
+                    mrc.set_data(data)
+            raw = path.read_bytes()
+            if kind == "truncated":
+                path.write_bytes(raw[:-max(1, data.nbytes // 2)])
+            elif kind == "header only":
+                path.write_bytes(raw[:1024])
+        elif kind == "volume":
+            path = Path(tmp) / "volume.mrc"
+            with mrcfile.new(path) as mrc:
+                mrc.set_data(np.zeros((max(n, 2), side, side), np.float32))
+                mrc.set_volume()
+        elif kind == "garbage":
+            path.write_bytes(rng.integers(0, 256, 1024 + side * 7, dtype=np.uint8).tobytes())
+        else:
+            path.write_bytes(b"")
+        try:
+            images = load_mrc(path)
+        except ValueError as exc:
+            assert str(path) in str(exc), str(exc)
+            assert kind != "valid", str(exc)
+            return
+    assert kind == "valid", f"{kind} file read without an error"
+    assert images.dtype == np.float32 and images.shape == (n, side, side)
+    np.testing.assert_array_equal(images, data.astype(np.float32))
+
+
+# ------------------------------------------------------------------------------ metamorphic
+def _copy_set(k, copies, side, seed, noise=0.0):
+    """``k`` random shapes, each in ``copies`` exact quarter turns (on every grid of a multiple
+    of 4 angles), with a little noise: a set whose partition is the shape."""
+    rng = np.random.default_rng(seed)
+    shapes = random_images((k, side, side), seed=seed, border=2).astype(np.float32)
+    X = np.stack([np.rot90(shapes[j], int(rng.integers(4))) for j in range(k)
+                  for _ in range(copies)])
+    X = X + noise * rng.standard_normal(X.shape).astype(np.float32)
+    return X, np.repeat(np.arange(k), copies)
+
+
+def _partition_fit(X, n_clusters=None, **kw):
+    params = dict(n_clusters=n_clusters, group="rotation", n_rotations=8, device="cpu",
+                  random_state=0)
+    params.update(kw)
+    return InvariantAttentionClusterer(**params).fit(X)
+
+
+@FEW
+@given(st.integers(2, 4), st.integers(3, 6), st.integers(8, 12), st.sampled_from([None, "k"]),
+       st.integers(0, 2**16))
+def test_quarter_turns_of_every_image_leave_the_partition(k, copies, side, given_k, seed):
+    from sklearn.metrics import adjusted_rand_score
+
+    X, _ = _copy_set(k, copies, side, seed, noise=0.02)
+    n_clusters = k if given_k else None
+    ref = _partition_fit(X, n_clusters).labels_
+    turned = _partition_fit(np.rot90(X, 1 + seed % 3, axes=(1, 2)), n_clusters).labels_
+    assert adjusted_rand_score(ref, turned) == 1.0
+
+
+@FEW
+@given(st.integers(4, 14), st.integers(5, 10), st.sampled_from([None, 2]), st.booleans(),
+       st.integers(0, 2**16))
+def test_permutation_and_stacking_leave_the_partition(n, side, n_clusters, structured, seed):
+    """Any images, structured or not: the fit runs on the distinct images in an order set by
+    their content, so permuting the samples or storing the set twice cannot move it."""
+    from sklearn.metrics import adjusted_rand_score
+
+    if structured:
+        X, _ = _copy_set(max(2, n // 4), 4, side, seed, noise=0.02)
+    else:
+        X = random_images((n, side, side), seed=seed).astype(np.float32)
+    assume(n_clusters is None or n_clusters <= len(X))
+    ref = _partition_fit(X, n_clusters)
+    perm = np.random.default_rng(seed).permutation(len(X))
+    permuted = _partition_fit(X[perm], n_clusters).labels_
+    assert adjusted_rand_score(ref.labels_[perm], permuted) == 1.0
+    twice = _partition_fit(np.concatenate([X, X]), n_clusters).labels_
+    np.testing.assert_array_equal(twice[:len(X)], twice[len(X):])
+    assert adjusted_rand_score(ref.labels_, twice[:len(X)]) == 1.0
+
+
+@FEW
+@given(st.integers(4, 12), st.integers(5, 10), st.integers(0, 2**16))
+def test_uint8_images_equal_their_float32_values(n, side, seed):
+    """Integer images are taken at their values (no rescaling), in every estimator."""
+    from invariant_cluster import RadialWiener
+
+    X8 = (random_images((n, side, side), seed=seed) * 255).round().clip(0, 255).astype(
+        np.uint8)
+    X32 = X8.astype(np.float32)
+    a, b = _partition_fit(X8, 2), _partition_fit(X32, 2)
+    np.testing.assert_array_equal(a.labels_, b.labels_)
+    np.testing.assert_array_equal(a.cluster_centers_, b.cluster_centers_)
+    params = dict(n_neighbors=min(3, n - 1), n_rotations=4, device="cpu")
+    np.testing.assert_array_equal(
+        InvariantKNeighborsTransformer(**params).fit(X8).kneighbors()[0],
+        InvariantKNeighborsTransformer(**params).fit(X32).kneighbors()[0])
+    np.testing.assert_array_equal(RadialWiener().fit_transform(X8),
+                                  RadialWiener().fit_transform(X32))
+
+
+@pytest.mark.parametrize("out", ["", " ", "\t"])
+def test_cli_empty_out_is_a_usage_error(tmp_path, monkeypatch, capsys, out):
+    """``--out "$UNSET"``: exit status 2, and nothing written into the current folder."""
+    from invariant_cluster.cli import main
+
+    np.save(tmp_path / "x.npy", random_images((6, 8, 8), seed=0).astype(np.float32))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    with pytest.raises(SystemExit) as exc:
+        code = main(["fit", str(tmp_path / "x.npy"), "--out", out])
+        raise SystemExit(code)
+    assert exc.value.code == 2
+    assert "--out" in capsys.readouterr().err
+    assert list(work.iterdir()) == []
