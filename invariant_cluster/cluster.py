@@ -347,6 +347,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features), (n, H, W) or (n, C, H, W)
+            Training images. Integers (``uint8`` included) and bools are taken at their
+            values in float32, not rescaled (the results are in the units of ``X``).
         y : Ignored
 
         Returns

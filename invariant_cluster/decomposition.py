@@ -353,6 +353,7 @@ class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, Transf
         ----------
         X : array-like of shape (n_samples, n_features)
             Keys, one per row (at least 2); flattened images with ``kernel="invariant"``.
+            Integers (``uint8`` included) and bools are taken at their values, not rescaled.
         y : None
             Ignored.
 

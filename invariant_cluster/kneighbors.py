@@ -224,7 +224,8 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features), (n, H, W) or (n, C, H, W)
-            Training images.
+            Training images. Integers (``uint8`` included) and bools are taken at their
+            values in float32, not rescaled (the distances are in the units of ``X``).
         y : Ignored
 
         Returns
