@@ -26,6 +26,22 @@ from scipy.sparse.csgraph import connected_components
 DUPLICATE_TOL = 1e-2
 
 
+def _content_key(flat) -> np.ndarray:
+    """A fixed random projection (float64) of each row of ``flat`` ``(n, F)`` (an array or a
+    tensor on any device)."""
+    direction = np.random.RandomState(0).standard_normal(flat.shape[1])
+    # in blocks: a float64 copy of all the images at once would double the memory
+    blocks = (flat[i:i + 8192] for i in range(0, flat.shape[0], 8192))
+    return np.concatenate([np.asarray(b.cpu() if isinstance(b, torch.Tensor) else b,
+                                      dtype=np.float64) @ direction for b in blocks])
+
+
+def canonical_order(flat) -> np.ndarray:
+    """The order of :func:`unique_in_canonical_order` of distinct rows ``flat`` ``(n, F)``
+    (an array or a tensor on any device)."""
+    return np.argsort(_content_key(flat), kind="stable")
+
+
 def unique_in_canonical_order(X2: np.ndarray):
     """``(first, inverse)``: ``X2[first]`` are the distinct rows of ``X2`` in an order that
     depends on their content only, and ``X2[first][inverse]`` equals ``X2``.
@@ -39,10 +55,7 @@ def unique_in_canonical_order(X2: np.ndarray):
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     flat = X2.reshape(n, -1)
-    direction = np.random.RandomState(0).standard_normal(flat.shape[1])
-    # in blocks: a float64 copy of all the images at once would double the memory
-    key = np.concatenate([flat[i:i + 8192].astype(np.float64) @ direction
-                          for i in range(0, n, 8192)])
+    key = _content_key(flat)
     order = np.argsort(key, kind="stable")
     # only neighbours in that order with the same projection can be equal rows
     ks = key[order]

@@ -21,7 +21,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from . import _memory
-from ._duplicates import near_duplicates, unique_in_canonical_order
+from ._duplicates import canonical_order, near_duplicates, unique_in_canonical_order
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
 from ._grouping import (
     DECIDE_ROWS,
@@ -403,6 +403,13 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         with _thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose):
             if filtered:
                 self._filtered(Xu)
+                # in the order of the filtered images' own content, as a fit of them with the
+                # filter off takes them: the default fit is that fit (the order sets ties)
+                order = canonical_order(Xu.reshape(len(first), -1))
+                Xu = Xu[torch.as_tensor(order, device=dev)]
+                first, rank = first[order], np.empty_like(order)
+                rank[order] = np.arange(len(order))
+                inverse = rank[inverse]
                 self._log(f"noise {self.noise_std_:.3g} filtered "
                           f"({time.perf_counter() - t0:.1f} s)")
             # 1. search: the invariant kNN graph of the samples (squared distances), on one
