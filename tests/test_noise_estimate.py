@@ -170,3 +170,16 @@ def test_methods_bound_the_noise(method):
 def test_bad_method_names_the_argument(bad):
     with pytest.raises(ValueError, match="method"):
         estimate_noise_std(np.zeros((3, 1, 4, 4)), method=bad)
+
+
+def test_user_guide_table_is_the_benchmark_json():
+    import importlib.util
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "bench_noise_estimate", root / "benchmarks" / "bench_noise_estimate.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    table = bench.rst_table(json.loads(bench.OUT.read_text()))
+    assert table in (root / "docs" / "user_guide" / "convergence.rst").read_text()
