@@ -14,7 +14,13 @@ import warnings
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin, _fit_context
+from sklearn.base import (
+    BaseEstimator,
+    ClassNamePrefixFeaturesOutMixin,
+    ClusterMixin,
+    TransformerMixin,
+    _fit_context,
+)
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
@@ -72,8 +78,8 @@ def _thread_limit(n_jobs):
         torch.set_num_threads(old)
 
 
-class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin,
-                                  BaseEstimator):
+class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixFeaturesOutMixin,
+                                  TransformerMixin, BaseEstimator):
     """Cluster images invariantly to rotations and translations by iterated invariant attention.
 
     Every image attends to its invariant nearest neighbours with the invariant kernel (the
@@ -256,6 +262,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         The fitted filter (the identity when ``noise_std_`` is 0); ``filter_.transform(X)`` gives
         the images as the fit saw them.
     n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Column names seen in ``fit``; set only when ``X`` has column names that are all
+        strings (a data frame).
     image_shape_ : tuple (C, H, W)
 
     Notes
@@ -389,7 +398,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         first, inverse = unique_in_canonical_order(X2)
         # 0. the noise, measured on (at most 10,000 of) the distinct images
         Xu = self._tensor(X2[first], dev, copy=False)  # X2[first] is a new array
-        self.filter_ = RadialWiener(self.noise_std, image_shape=self.image_shape_)._fit_tensor(Xu)
+        self.filter_ = RadialWiener(self.noise_std, image_shape=self.image_shape_)._fit_tensor(
+            Xu, getattr(self, "feature_names_in_", None))
         self.noise_std_ = float(self.filter_.noise_std_)
         filtered = not self.filter_.is_identity
         k = int(min(self.n_neighbors, len(first) - 1))
@@ -583,6 +593,11 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
             # the samples are warped onto the centres, as in alignments_
             D, _ = all_pairs(C, Xt, self._grid(refine=True), batch_size=self.batch_size)
         return D.T.cpu().numpy().astype(X2.dtype)
+
+    @property
+    def _n_features_out(self):
+        """Columns of ``transform`` (one per cluster), for ``get_feature_names_out``."""
+        return self.n_clusters_
 
     def transform(self, X):
         """Invariant squared distances to the cluster centres, ``min_tau ||c - T_tau x||^2``.

@@ -35,7 +35,7 @@ import numpy as np
 import scipy.linalg
 import torch
 import torch.nn.functional as F
-from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
@@ -145,6 +145,9 @@ class DihedralPCA(ImageInputMixin, TransformerMixin, BaseEstimator):
         Input pixels per output pixel (``H / h``): a shift found on the transformed images is
         ``scale_`` times as long on the input.
     n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Column names seen in ``fit``; set only when ``X`` has column names that are all
+        strings (a data frame).
 
     Examples
     --------
@@ -494,7 +497,7 @@ def apply_radial_gain(X, gain, out=None) -> torch.Tensor:
     return out
 
 
-class RadialWiener(ImageInputMixin, TransformerMixin, BaseEstimator):
+class RadialWiener(ImageInputMixin, OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
     """Damp white noise in images, frequency by frequency, by the share of each frequency's
     power that is signal.
 
@@ -532,6 +535,9 @@ class RadialWiener(ImageInputMixin, TransformerMixin, BaseEstimator):
         The images' radially averaged power spectrum (noise included).
     image_shape_ : tuple
     n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Column names seen in ``fit``; set only when ``X`` has column names that are all
+        strings (a data frame).
 
     Examples
     --------
@@ -579,10 +585,13 @@ class RadialWiener(ImageInputMixin, TransformerMixin, BaseEstimator):
         _, Xt = self._images(X, reset=True)
         return self._fit_tensor(Xt)
 
-    def _fit_tensor(self, Xt):
-        """``fit`` on validated images ``(n, C, H, W)`` (a tensor on any device)."""
+    def _fit_tensor(self, Xt, feature_names_in=None):
+        """``fit`` on validated images ``(n, C, H, W)`` (a tensor on any device), whose flat
+        rows had the column names ``feature_names_in`` (None: none)."""
         self.image_shape_ = tuple(int(v) for v in Xt.shape[1:])
         self.n_features_in_ = math.prod(self.image_shape_)
+        if feature_names_in is not None:
+            self.feature_names_in_ = np.asarray(feature_names_in, dtype=object)
         self.power_spectrum_ = radial_power(Xt)
         if self.noise_std == "auto":
             self.noise_std_ = estimate_noise_std(Xt)
