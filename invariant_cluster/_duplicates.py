@@ -26,6 +26,22 @@ from scipy.sparse.csgraph import connected_components
 DUPLICATE_TOL = 1e-2
 
 
+def _content_key(flat) -> np.ndarray:
+    """A fixed random projection (float64) of each row of ``flat`` ``(n, F)`` (an array or a
+    tensor on any device)."""
+    direction = np.random.RandomState(0).standard_normal(flat.shape[1])
+    # in blocks: a float64 copy of all the images at once would double the memory
+    blocks = (flat[i:i + 8192] for i in range(0, flat.shape[0], 8192))
+    return np.concatenate([np.asarray(b.cpu() if isinstance(b, torch.Tensor) else b,
+                                      dtype=np.float64) @ direction for b in blocks])
+
+
+def canonical_order(flat) -> np.ndarray:
+    """The order of :func:`unique_in_canonical_order` of distinct rows ``flat`` ``(n, F)``
+    (an array or a tensor on any device)."""
+    return np.argsort(_content_key(flat), kind="stable")
+
+
 def unique_in_canonical_order(X2: np.ndarray):
     """``(first, inverse)``: ``X2[first]`` are the distinct rows of ``X2`` in an order that
     depends on their content only, and ``X2[first][inverse]`` equals ``X2``.
@@ -47,10 +63,7 @@ def unique_in_canonical_order(X2: np.ndarray):
         same[i:j] = (flat[order[i:j]] == flat[order[i - 1:j - 1]]).all(1)
     run = np.cumsum(~same) - 1
     byte_first = order[~same]  # the first of each run of equal rows, in byte order
-    direction = np.random.RandomState(0).standard_normal(flat.shape[1])
-    key = np.concatenate([flat[byte_first[i:i + 8192]].astype(np.float64) @ direction
-                          for i in range(0, len(byte_first), 8192)])
-    rank_order = np.argsort(key, kind="stable")
+    rank_order = canonical_order(flat[byte_first])
     rank = np.empty_like(rank_order)
     rank[rank_order] = np.arange(len(rank_order))
     inverse = np.empty(n, dtype=np.int64)

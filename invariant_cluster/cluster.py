@@ -13,14 +13,20 @@ import warnings
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin, _fit_context
+from sklearn.base import (
+    BaseEstimator,
+    ClassNamePrefixFeaturesOutMixin,
+    ClusterMixin,
+    TransformerMixin,
+    _fit_context,
+)
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from . import _memory
-from ._duplicates import near_duplicates, unique_in_canonical_order
+from ._duplicates import canonical_order, near_duplicates, unique_in_canonical_order
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
 from ._grouping import (
     DECIDE_ROWS,
@@ -51,8 +57,8 @@ from .transforms import fast_warp
 __all__ = ["InvariantAttentionClusterer", "invariant_attention_clustering"]
 
 
-class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin,
-                                  BaseEstimator):
+class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixFeaturesOutMixin,
+                                  TransformerMixin, BaseEstimator):
     """Cluster images invariantly to rotations and translations by iterated invariant attention.
 
     Every image attends to its invariant nearest neighbours with the invariant kernel (the
@@ -181,9 +187,10 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         White noise in the images, damped before anything else by
         :class:`~invariant_cluster.denoise.RadialWiener` (an isotropic filter: each spatial
         frequency keeps the square root of its power's signal share). "auto": measured on the
-        images (the median absolute deviation of their diagonal Haar detail; 0 on clean images
-        with a flat background, and the filter is then the identity); a float: the known
-        standard deviation (0: no filter). The search, the iteration, the means, the centres,
+        images where they have least power
+        (:func:`~invariant_cluster.denoise.estimate_noise_std`; 0 on clean images with a flat
+        background, and the filter is then the identity); a float: the known standard
+        deviation (0: no filter). The search, the iteration, the means, the centres,
         ``predict`` and ``transform`` all see the filtered images. On 2,000 MNIST digits rotated
         within +-45 degrees with noise of sigma 0.5, it lifts the purity of the kNN graph from
         0.63 to 0.72 (``benchmarks/bench_noise.py``; ``NOISE_NOTE`` in
@@ -234,6 +241,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         The fitted filter (the identity when ``noise_std_`` is 0); ``filter_.transform(X)`` gives
         the images as the fit saw them.
     n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Column names seen in ``fit``; set only when ``X`` has column names that are all
+        strings (a data frame).
     image_shape_ : tuple (C, H, W)
 
     Notes
@@ -369,7 +379,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         first, inverse = unique_in_canonical_order(X2)
         # 0. the noise, measured on (at most 10,000 of) the distinct images
         Xu = self._tensor(X2[first], dev, copy=False)  # X2[first] is a new array
-        self.filter_ = RadialWiener(self.noise_std, image_shape=self.image_shape_)._fit_tensor(Xu)
+        self.filter_ = RadialWiener(self.noise_std, image_shape=self.image_shape_)._fit_tensor(
+            Xu, getattr(self, "feature_names_in_", None))
         self.noise_std_ = float(self.filter_.noise_std_)
         filtered = not self.filter_.is_identity
         k = int(min(self.n_neighbors, len(first) - 1))
@@ -384,6 +395,13 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
         with thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose):
             if filtered:
                 self._filtered(Xu)
+                # in the order of the filtered images' own content, as a fit of them with the
+                # filter off takes them: the default fit is that fit (the order sets ties)
+                order = canonical_order(Xu.reshape(len(first), -1))
+                Xu = Xu[torch.as_tensor(order, device=dev)]
+                first, rank = first[order], np.empty_like(order)
+                rank[order] = np.arange(len(order))
+                inverse = rank[inverse]
                 self._log(f"noise {self.noise_std_:.3g} filtered "
                           f"({time.perf_counter() - t0:.1f} s)")
             # 1. search: the invariant kNN graph of the samples (squared distances), on one
@@ -556,6 +574,11 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, TransformerMixin
             # the samples are warped onto the centres, as in alignments_
             D, _ = all_pairs(C, Xt, self._grid(refine=True), batch_size=self.batch_size)
         return D.T.cpu().numpy().astype(X2.dtype)
+
+    @property
+    def _n_features_out(self):
+        """Columns of ``transform`` (one per cluster), for ``get_feature_names_out``."""
+        return self.n_clusters_
 
     def transform(self, X):
         """Invariant squared distances to the cluster centres, ``min_tau ||c - T_tau x||^2``.

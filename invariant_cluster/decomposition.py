@@ -227,6 +227,9 @@ class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, Transf
         The image shape (``kernel="invariant"``).
     n_features_in_ : int
         Number of features seen in ``fit``.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Column names seen in ``fit``; set only when ``X`` has column names that are all
+        strings (a data frame).
 
     See Also
     --------

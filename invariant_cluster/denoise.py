@@ -35,7 +35,7 @@ import numpy as np
 import scipy.linalg
 import torch
 import torch.nn.functional as F
-from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
@@ -145,6 +145,9 @@ class DihedralPCA(ImageInputMixin, TransformerMixin, BaseEstimator):
         Input pixels per output pixel (``H / h``): a shift found on the transformed images is
         ``scale_`` times as long on the input.
     n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Column names seen in ``fit``; set only when ``X`` has column names that are all
+        strings (a data frame).
 
     Examples
     --------
@@ -287,10 +290,12 @@ Measured on the 2,000 digits above (seeds 0-2, purity of the samples' kNN graph 
 0.8): no filter 0.63 / 0.36, power 1 0.71 / 0.47, 0.75 0.72 / 0.50, 0.5 0.72 / 0.51, 0.25
 0.71 / 0.51, a Gaussian blur of 1 pixel 0.71 / 0.51.
 
-The noise is measured as Donoho and Johnstone's median absolute deviation of the diagonal Haar
-detail of every 2 x 2 block (0.306, 0.505, 0.805 for noise of 0.3, 0.5, 0.8 on those digits).
-Images whose background is flat measure 0 (clean MNIST digits: exactly 0, and the filter is
-then the identity) or nearly 0 (Fashion-MNIST: 0.006, a change of 0.04% of the images' norm)."""
+The noise is measured by :func:`estimate_noise_std`: the smaller of Donoho and Johnstone's
+median absolute deviation of the diagonal Haar detail of every 2 x 2 block (0.306, 0.505, 0.805
+for noise of 0.3, 0.5, 0.8 on those digits) and the power of the quietest band of the highest
+frequencies (issue 40: the Haar detail reads the edges of 8 x 8 images). Images whose background
+is flat measure 0 (clean MNIST digits: exactly 0, and the filter is then the identity) or nearly
+0 (Fashion-MNIST: 0.006, a change of 0.04% of the images' norm)."""
 
 
 def _image_tensor(X) -> torch.Tensor:
@@ -308,32 +313,123 @@ def _subset_rows(n: int, device) -> torch.Tensor:
     return torch.linspace(0, n - 1, NOISE_SUBSET, device=device).round().long()
 
 
-def estimate_noise_std(X) -> float:
-    """Standard deviation of white noise in images, ``median |HH| / 0.6745``.
+def _haar_noise_std(X: torch.Tensor) -> float:
+    """``median |HH| / 0.6745`` over the diagonal Haar details of every 2 x 2 block of ``X``
+    ``(n, C, H, W)``, ``H, W >= 2`` (Donoho and Johnstone, 1994)."""
+    n, _, h, w = X.shape
+    Z = X[_subset_rows(n, X.device), :, :h // 2 * 2, :w // 2 * 2].to(torch.float64)
+    hh = (Z[..., 0::2, 0::2] - Z[..., 0::2, 1::2] - Z[..., 1::2, 0::2] + Z[..., 1::2, 1::2]) / 2
+    return float(hh.abs().flatten().median()) / _MAD_FACTOR
 
-    ``HH = (a - b - c + d) / 2`` is the diagonal Haar detail of each 2 x 2 block of pixels
-    ``[[a, b], [c, d]]`` (Donoho and Johnstone, 1994): white noise of standard deviation
-    ``s`` gives ``HH`` the same deviation, and the smooth parts and flat background of
-    images give ``HH`` near 0, so its median measures the noise and not the edges. Pooled over
-    all channels and at most :data:`NOISE_SUBSET` images.
+
+# the fewest values (images x channels x cells of the full plane) of a band of frequencies the
+# noise floor is read from: white noise's mean power over that many is within sqrt(2 / 200),
+# 10%, of its own, and fewer values of the half the band is measured on are no measure
+_MIN_BAND_VALUES = 200
+
+
+def _band_means(P: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor) -> np.ndarray:
+    """Mean power per cell of the full plane of each band ``r = 1 ... R`` (the rings of
+    radius ``r`` and beyond) of the spectrum ``P`` ``(H, W // 2 + 1)``."""
+    power = torch.bincount(ring, P.flatten() * weight)[1:].cpu().numpy()
+    cells = torch.bincount(ring, weight)[1:].cpu().numpy()
+    return np.cumsum(power[::-1])[::-1] / np.cumsum(cells[::-1])[::-1]
+
+
+def _quiet_band(means: np.ndarray, values: np.ndarray) -> int:
+    """The widest band (the lowest ``r``) whose mean power is within one standard error of
+    the quietest band's, among the bands of at least :data:`_MIN_BAND_VALUES` values (or the
+    widest alone): white noise's mean over ``v`` values has a relative standard error of
+    ``sqrt(2 / v)``, so a wider band at the same floor is not set aside for a narrower band's
+    lucky draw."""
+    ok = np.flatnonzero(values >= min(_MIN_BAND_VALUES, values[0]))
+    q = ok[np.argmin(means[ok])]
+    level = means[q] * (1.0 + math.sqrt(2.0 / values[q]))
+    return int(ok[np.argmax(means[ok] <= level)])
+
+
+def _halves(X: torch.Tensor, rows: torch.Tensor):
+    """``rows`` of ``X`` ``(n, C, H, W)`` dealt alternately into two halves in the order of
+    a fixed random projection of the images: set by their content, not by the order of the
+    samples (nor by where copies of an image are stored)."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    v = torch.randn(X[0].numel(), generator=gen, dtype=torch.float64).to(X.device)
+    key = torch.cat([X[rows[start:start + _FILTER_BLOCK]].reshape(-1, len(v)).to(torch.float64)
+                     @ v for start in range(0, len(rows), _FILTER_BLOCK)])
+    order = rows[torch.argsort(key, stable=True)]
+    return order[0::2], order[1::2]
+
+
+def _spectral_noise_std(X: torch.Tensor) -> float:
+    """The square root of the mean power per pixel of the quietest band of the highest
+    frequencies of ``X`` ``(n, C, H, W)``, ``H W >= 2``: the band is chosen on half of the
+    images and measured on the other half (both ways, averaged), so that the choice does not
+    pick the noise's own low draws."""
+    n, c, h, w = X.shape
+    rows = _subset_rows(n, X.device)
+    halves = _halves(X, rows) if len(rows) > 1 else (rows, rows)
+    ring = _radius(h, w, X.device).flatten()
+    # a cell of rfft2's half plane stands for itself and its mirror, except in the columns
+    # that are their own mirror (the first, and the last of an even width)
+    weight = torch.full((h, w // 2 + 1), 2.0, dtype=torch.float64, device=X.device)
+    weight[:, 0] = 1.0
+    if w % 2 == 0:
+        weight[:, -1] = 1.0
+    weight = weight.flatten()
+    # |DFT|^2 of white noise of variance s^2 is s^2 H W in every cell
+    means = [_band_means(_mean_power(X, half).sum(0) / (c * h * w), ring, weight)
+             for half in halves]
+    cells = np.cumsum(torch.bincount(ring, weight)[1:].cpu().numpy()[::-1])[::-1]
+    values = cells * c * len(halves[1])
+    chosen = [_quiet_band(m, values) for m in means]
+    return math.sqrt(max(0.5 * float(means[1][chosen[0]] + means[0][chosen[1]]), 0.0))
+
+
+NOISE_METHODS = ("auto", "haar", "spectrum")
+
+
+def estimate_noise_std(X, *, method="auto") -> float:
+    """Standard deviation of white noise in images, read where the images have least power.
+
+    Each estimate measures the noise plus a share of the images' own detail, which only adds,
+    so ``"auto"``, the default, takes the smaller:
+
+    - ``"haar"``: ``median |HH| / 0.6745``, ``HH = (a - b - c + d) / 2`` the diagonal Haar
+      detail of each 2 x 2 block of pixels ``[[a, b], [c, d]]`` (Donoho and Johnstone, 1994):
+      white noise of standard deviation ``s`` gives ``HH`` the same deviation and a flat
+      background gives 0, so it reads the noise where most blocks are background (exactly 0
+      on clean images with a flat background), and the edges where few are (small images).
+    - ``"spectrum"``: the square root of the mean power per pixel of the quietest band of the
+      highest spatial frequencies (the rings of the power spectrum, averaged over the images,
+      from radius ``r`` out to the corners): white noise puts ``s^2`` into every frequency
+      and the images' power falls with the frequency, so the quietest band is the noise floor
+      (plus the images' own power there), with as few rings as small images have.
+
+    Pooled over all channels and at most :data:`NOISE_SUBSET` images. The measured numbers
+    are in the user guide (``benchmarks/bench_noise_estimate.py``).
 
     Parameters
     ----------
     X : tensor or ndarray of shape (n, C, H, W)
+    method : {"auto", "haar", "spectrum"}, default="auto"
 
     Returns
     -------
     sigma : float
-        0 for images smaller than 2 x 2 pixels.
+        0 for no images, and for images under 2 pixels on a side (the Haar detail needs 2 x
+        2 pixels, and a line of pixels is no image to tell noise from).
     """
+    if not isinstance(method, str) or method not in NOISE_METHODS:
+        raise ValueError(f"method: expected one of {NOISE_METHODS}, got {method!r}")
     X = _image_tensor(X)
     n, _, h, w = X.shape
-    h2, w2 = h // 2 * 2, w // 2 * 2
-    if n == 0 or h2 == 0 or w2 == 0:
+    if n == 0 or h < 2 or w < 2:
         return 0.0
-    Z = X[_subset_rows(n, X.device), :, :h2, :w2].to(torch.float64)
-    hh = (Z[..., 0::2, 0::2] - Z[..., 0::2, 1::2] - Z[..., 1::2, 0::2] + Z[..., 1::2, 1::2]) / 2
-    return float(hh.abs().flatten().median()) / _MAD_FACTOR
+    if method == "haar":
+        return _haar_noise_std(X)
+    if method == "spectrum":
+        return _spectral_noise_std(X)
+    return min(_haar_noise_std(X), _spectral_noise_std(X))
 
 
 def _radius(h: int, w: int, device) -> torch.Tensor:
@@ -346,46 +442,29 @@ def _radius(h: int, w: int, device) -> torch.Tensor:
     return torch.floor(torch.sqrt(fy * fy + fx * fx) * max(h, w) + (0.5 + 1e-9)).long()
 
 
+def _mean_power(X: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``|rfft2|^2`` of the images ``X[rows]`` (``X``: ``(n, C, H, W)``) averaged over them:
+    ``(C, H, W // 2 + 1)``, float64."""
+    _, c, h, w = X.shape
+    P = torch.zeros(c, h, w // 2 + 1, dtype=torch.float64, device=X.device)
+    for start in range(0, len(rows), _FILTER_BLOCK):
+        F_ = torch.fft.rfft2(X[rows[start:start + _FILTER_BLOCK]].to(torch.float64))
+        P += (F_.real ** 2 + F_.imag ** 2).sum(0)
+    return P / max(len(rows), 1)
+
+
 def radial_power(X) -> np.ndarray:
     """The images' power spectrum ``|DFT|^2`` averaged over the images and over each circle of
     integer radius: ``(C, R)``, float64 (at most :data:`NOISE_SUBSET` images)."""
     X = _image_tensor(X)
     n, c, h, w = X.shape
-    rows = _subset_rows(n, X.device)
-    P = torch.zeros(c, h, w // 2 + 1, dtype=torch.float64, device=X.device)
-    for start in range(0, len(rows), _FILTER_BLOCK):
-        F_ = torch.fft.rfft2(X[rows[start:start + _FILTER_BLOCK]].to(torch.float64))
-        P += (F_.real ** 2 + F_.imag ** 2).sum(0)
-    P /= max(len(rows), 1)
+    P = _mean_power(X, _subset_rows(n, X.device))
     r = _radius(h, w, X.device).flatten()
     R = int(r.max()) + 1
     # every cell of the half plane counts once (the other half mirrors it)
     count = torch.bincount(r, minlength=R).to(torch.float64)
     prof = torch.stack([torch.bincount(r, P[ch].flatten(), minlength=R) for ch in range(c)])
     return (prof / count.clamp(min=1)).cpu().numpy()
-
-
-# the highest frequencies' power, as a share of white noise's at the measured level, below which
-# the measured detail is taken for the images' own edges (see _has_white_floor)
-WHITE_FLOOR = 0.75
-
-
-def _has_white_floor(power_profile, noise_std, image_size) -> bool:
-    """Whether the images' power at the highest frequencies (the rings beyond 0.8 of the
-    largest radius, averaged) is at least :data:`WHITE_FLOOR` times that of white noise of
-    ``noise_std``.
-
-    White noise puts at least its own power ``N`` into every frequency, so a spectrum that
-    falls below it at the top is not noisy: the Haar detail measured the images' edges. On
-    scikit-learn's 8 x 8 digits (no noise added) the detail measures 0.139 and the top rings
-    hold 0.40 of that level's power; with noise added the ratio is 0.79-1.0 (MNIST and the
-    test suite's digits, noise 0.05-0.8)."""
-    P = np.asarray(power_profile, dtype=np.float64)
-    if noise_std <= 0:
-        return False
-    h, w = image_size
-    top = P[:, int(math.ceil(0.8 * (P.shape[1] - 1))):]
-    return bool(top.mean() >= WHITE_FLOOR * float(noise_std) ** 2 * h * w)
 
 
 def wiener_gain(power_profile, noise_std, image_size, power=0.5) -> np.ndarray:
@@ -418,7 +497,7 @@ def apply_radial_gain(X, gain, out=None) -> torch.Tensor:
     return out
 
 
-class RadialWiener(ImageInputMixin, TransformerMixin, BaseEstimator):
+class RadialWiener(ImageInputMixin, OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
     """Damp white noise in images, frequency by frequency, by the share of each frequency's
     power that is signal.
 
@@ -434,10 +513,10 @@ class RadialWiener(ImageInputMixin, TransformerMixin, BaseEstimator):
     Parameters
     ----------
     noise_std : "auto" or float, default="auto"
-        "auto": measured (see :func:`estimate_noise_std`), and taken as 0 (no filter) when
-        the images' highest frequencies hold less than :data:`WHITE_FLOOR` of the power white
-        noise of that level would put there (the measured detail is then the images' own
-        edges, as on 8 x 8 digits); a float: the known standard deviation of the noise (0: no
+        "auto": measured where the images have least power (:func:`estimate_noise_std`): 0 on
+        clean images with a flat background (no filter), and the level of their own detail on
+        images with detail up to the highest frequencies (small images), which the filter
+        then damps little; a float: the known standard deviation of the noise (0: no
         filter).
     power : float, default=0.5
         1 is Wiener's filter (the least squared error of each image); 0.5, the default, weighs
@@ -456,6 +535,9 @@ class RadialWiener(ImageInputMixin, TransformerMixin, BaseEstimator):
         The images' radially averaged power spectrum (noise included).
     image_shape_ : tuple
     n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Column names seen in ``fit``; set only when ``X`` has column names that are all
+        strings (a data frame).
 
     Examples
     --------
@@ -503,15 +585,16 @@ class RadialWiener(ImageInputMixin, TransformerMixin, BaseEstimator):
         _, Xt = self._images(X, reset=True)
         return self._fit_tensor(Xt)
 
-    def _fit_tensor(self, Xt):
-        """``fit`` on validated images ``(n, C, H, W)`` (a tensor on any device)."""
+    def _fit_tensor(self, Xt, feature_names_in=None):
+        """``fit`` on validated images ``(n, C, H, W)`` (a tensor on any device), whose flat
+        rows had the column names ``feature_names_in`` (None: none)."""
         self.image_shape_ = tuple(int(v) for v in Xt.shape[1:])
         self.n_features_in_ = math.prod(self.image_shape_)
+        if feature_names_in is not None:
+            self.feature_names_in_ = np.asarray(feature_names_in, dtype=object)
         self.power_spectrum_ = radial_power(Xt)
         if self.noise_std == "auto":
             self.noise_std_ = estimate_noise_std(Xt)
-            if not _has_white_floor(self.power_spectrum_, self.noise_std_, Xt.shape[2:]):
-                self.noise_std_ = 0.0
         else:
             self.noise_std_ = float(self.noise_std)
         if self.noise_std_ > 0:

@@ -149,6 +149,9 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
     ----------
     n_features_in_ : int
         Number of features seen during ``fit``.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Column names seen in ``fit``; set only when ``X`` has column names that are all
+        strings (a data frame).
     n_samples_fit_ : int
         Number of fitted images (the number of columns of the graph).
     image_shape_ : tuple (C, H, W)

@@ -436,19 +436,22 @@ def test_clean_images_are_nearly_not_filtered(n_groups, n_copies):
 
 
 def test_edges_of_small_images_are_not_taken_for_noise():
-    # scikit-learn's 8 x 8 digits: the Haar detail measures 0.14, but their highest
-    # frequencies hold 0.4 of what white noise of that level would: no filter
+    # scikit-learn's 8 x 8 digits: the Haar detail of their edges measures 0.14; the quietest
+    # band of their spectrum 0.074, the digits' own power there (issue 40). The filter at that
+    # level leaves the partition as it is without it.
     from invariant_cluster.datasets import load_digits_images
     from invariant_cluster.denoise import estimate_noise_std
 
     X = load_digits_images().images[:600].astype(np.float32)
-    assert estimate_noise_std(X[:, None]) > 0.1
+    assert estimate_noise_std(X[:, None], method="haar") > 0.1
     est = _fit(X, n_clusters=10, random_state=0, max_rotation=20, n_rotations=5)
-    assert est.noise_std_ == 0.0 and est.filter_.is_identity
-    # the same digits with noise added are filtered, the noise measured within 10%
+    off = _fit(X, n_clusters=10, random_state=0, max_rotation=20, n_rotations=5, noise_std=0)
+    assert est.noise_std_ < 0.09
+    np.testing.assert_array_equal(est.labels_, off.labels_)
+    # the same digits with noise added are filtered, the noise measured within 5%
     noisy = X + 0.4 * np.random.default_rng(0).standard_normal(X.shape).astype(np.float32)
     est = _fit(noisy, n_clusters=10, random_state=0, max_rotation=20, n_rotations=5)
-    assert not est.filter_.is_identity
+    assert not est.filter_.is_identity and abs(est.noise_std_ - 0.4) < 0.05 * 0.4
 
 
 @pytest.mark.parametrize("bad", [-1.0, "loud"])
