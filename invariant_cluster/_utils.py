@@ -14,6 +14,7 @@ __all__ = [
     "check_images",
     "check_magnitude",
     "check_real_dtype",
+    "evenly_spaced_indices",
     "magnitude_limit",
     "resolve_image_shape",
     "to_tensor",
@@ -55,6 +56,29 @@ def resolve_device(device) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {device!r} was requested but CUDA is not available")
     return dev
+
+
+def evenly_spaced_indices(n: int, m: int, device="cpu") -> torch.Tensor:
+    """``m`` evenly spaced indices of ``range(n)``, first and last included (``m <= n``):
+    ``round(i (n - 1) / (m - 1))`` in int64 arithmetic.
+
+    A float ``linspace`` cannot serve as an index: float32 rounds ``n - 1`` up to ``n`` once
+    ``n > 2**24``, an index out of bounds.
+
+    Examples
+    --------
+    >>> from invariant_cluster._utils import evenly_spaced_indices
+    >>> evenly_spaced_indices(10, 4).tolist()
+    [0, 3, 6, 9]
+    >>> int(evenly_spaced_indices(2**25 + 1, 3)[-1]) == 2**25
+    True
+    """
+    n, m = int(n), int(m)
+    if m <= 1:
+        return torch.zeros(min(m, n), dtype=torch.long, device=device)
+    i = torch.arange(m, dtype=torch.long, device=device)
+    # round half up: (2 i (n - 1) + (m - 1)) // (2 (m - 1)), exact in integers
+    return (2 * i * (n - 1) + (m - 1)) // (2 * (m - 1))
 
 
 def torch_generator(random_state, device="cpu") -> torch.Generator:
