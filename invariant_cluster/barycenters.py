@@ -257,7 +257,7 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         if lab.shape != (n,):
             raise ValueError(f"labels: expected shape ({n},), got {lab.shape}")
         grid = make_search_grid(group, max_rotation, n_rotations, max_translation, refine,
-                                reflection)
+                                reflection, image_shape=shape)
         means = []
         with torch.no_grad():
             for c in np.unique(lab):  # a loop over clusters, each batched over its members
