@@ -184,9 +184,11 @@ def make_search_grid(group="se2", max_rotation=180.0, n_rotations=36, max_transl
     n_angles = int(n_rotations) if rot and max_rotation > 0 else 1
     side = 2 * int(math.floor(max_translation + 1e-9)) + 1 if trans else 1
     # the angles (float64), the shifts (float64 and int64 pairs) and their sorting temporaries
-    _memory.check_fits(8 * n_angles + 64 * side * side, "cpu",
-                       f"the transformation grid ({n_angles} angles x {side * side} shifts)",
-                       hint="lower n_rotations or max_translation")
+    grid_bytes = 8 * n_angles + 64 * side * side
+    if grid_bytes > _memory.UNCHECKED_SEARCH_BYTES:
+        _memory.check_fits(grid_bytes, "cpu",
+                           f"the transformation grid ({n_angles} angles x {side * side} shifts)",
+                           hint="lower n_rotations or max_translation")
     angles = rotation_grid(max_rotation, int(n_rotations)) if rot else np.zeros(1)
     shifts = translation_grid(max_translation) if trans else np.zeros((1, 2))
     return SearchGrid(group, angles, shifts.astype(np.int64),
