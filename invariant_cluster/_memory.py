@@ -254,6 +254,89 @@ def check_fits(n_bytes, device="cpu", what="this computation", *, fraction=0.9, 
     return int(n_bytes)
 
 
+def search_terms(n_queries, n_keys, image_shape, grid, *, k=None, n_candidates=0,
+                 descriptor_bytes=0, element_size=4) -> dict:
+    """Bytes a search on ``grid`` needs at least, beyond its input images, by what sets them.
+
+    The engine sizes its blocks from the free memory, but a block holds at least one key and
+    one query, and the results grow with the samples; these are the terms that no block size
+    can shrink:
+
+    - ``"grid"``: one key warped at every grid angle onto the shift canvas, with its energies,
+      and one query placed at every integer shift, with their scores (set by ``n_rotations``,
+      ``max_translation`` and the image size);
+    - ``"pairs"``: the ``n_queries x n_keys`` distances and alignments returned by an
+      all-pairs search (``k=None``) and the refinement's pair indices;
+    - ``"neighbors"``: the ``n_queries x k`` results, the shortlist of ``n_candidates`` per
+      query and its distances, and the shortlist's descriptors (``descriptor_bytes``).
+
+    Parameters
+    ----------
+    n_queries, n_keys : int
+    image_shape : tuple (C, H, W)
+    grid : SearchGrid
+    k : int, optional
+        Neighbours kept per query; None: the all-pairs matrices.
+    n_candidates : int, default=0
+        Shortlist length per query (0: no shortlist).
+    descriptor_bytes : int, default=0
+        The shortlist's descriptors of the queries and keys.
+    element_size : int, default=4
+
+    Returns
+    -------
+    terms : dict of str to int
+        ``{"grid": ..., "pairs": ..., "neighbors": ...}``.
+    """
+    nq, nk, es = int(n_queries), int(n_keys), int(element_size)
+    c, h, w = (int(v) for v in image_shape[-3:])
+    f = c * h * w
+    R, S = int(grid.n_mirrors) * len(grid.angles), len(grid.shifts)
+    m = int(max(abs(int(v)) for v in grid.shifts.reshape(-1))) if S > 1 else 0
+    canvas = c * (h + 2 * m) * (w + 2 * m)
+    per_key = R * (2 * canvas + canvas // 4 + 2 * S) + (R * S * f if m else 0)
+    terms = {"grid": (per_key + S * f + 3 * R * S) * es, "pairs": 0, "neighbors": 0}
+    p = int(grid.n_params)
+    if k is None:
+        terms["pairs"] = nq * nk * (es + 8 + p * es + (16 if grid.refine else 0))
+    else:
+        kk, cc = min(int(k), nk), min(int(n_candidates), nk)
+        terms["neighbors"] = (nq * kk * (2 * es + 8 + p * es) + nq * cc * (2 * es + 16)
+                              + int(descriptor_bytes))
+    return terms
+
+
+# Searches that need less than this are not checked: any device has it, and asking the device
+# what it has free (about 1 ms) would be paid by every one of the many small searches of a fit
+# (the invariant means of every cluster).
+UNCHECKED_SEARCH_BYTES = 16 * 1024 * 1024
+
+# what to lower when a term of search_terms is too large
+_SEARCH_HINTS = {
+    "grid": "lower n_rotations or max_translation (or use smaller images: the search of a "
+            "single key at every grid point does not fit)",
+    "pairs": "search fewer images at once (X, Y: the n_x x n_y distances and alignments are "
+             "returned whole), or use the nearest-neighbour search instead of all pairs",
+    "neighbors": "search fewer images (n_samples), or lower n_neighbors / n_candidates",
+}
+
+
+def check_search(n_queries, n_keys, image_shape, grid, *, k=None, n_candidates=0,
+                 descriptor_bytes=0, element_size=4, device="cpu", what="the search"):
+    """Raise :class:`InsufficientMemoryError` naming the parameter to lower when the least a
+    search needs (:func:`search_terms`) does not fit on ``device``; call it before anything
+    of that size is allocated. Returns the bytes when they fit (requests below
+    :data:`UNCHECKED_SEARCH_BYTES` are not checked).
+    """
+    terms = search_terms(n_queries, n_keys, image_shape, grid, k=k, n_candidates=n_candidates,
+                         descriptor_bytes=descriptor_bytes, element_size=element_size)
+    total = sum(terms.values())
+    if total <= UNCHECKED_SEARCH_BYTES:
+        return int(total)
+    largest = max(terms, key=terms.get)
+    return check_fits(total, device, what, hint=_SEARCH_HINTS[largest])
+
+
 def block_elements(device="cpu", bytes_per_element=4, fraction=0.25, *, cap=None) -> int:
     """How many elements a working block may hold: ``fraction`` of the free memory, capped.
 

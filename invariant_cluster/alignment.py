@@ -39,6 +39,7 @@ from .search import (  # noqa: F401 - the engine's names, importable from here a
     make_search_grid,
     refine_alignments,
     refine_pairs,
+    rotation_limit,
     shift_energies,
     shift_images,
     shift_margin,
@@ -47,7 +48,8 @@ from .search import (  # noqa: F401 - the engine's names, importable from here a
 )
 from .transforms import fast_warp  # noqa: F401 - the fast warp, importable from here as before
 
-__all__ = ["invariant_distances", "SearchGrid", "make_search_grid", "translation_limit"]
+__all__ = ["invariant_distances", "SearchGrid", "make_search_grid", "rotation_limit",
+           "translation_limit"]
 
 
 # ----------------------------------------------------------------------------- public
@@ -78,6 +80,8 @@ def invariant_distances(X, Y=None, *, group="se2", max_rotation=180.0, n_rotatio
         Angles are searched within ``+-max_rotation`` degrees (180: the full circle).
     n_rotations : int, default=36
         Number of grid angles (see :func:`transforms.rotation_grid`; 0 is always on the grid).
+        At most :func:`rotation_limit` (the angles the image size can tell apart, at least
+        360); more get a ``ValueError``.
     max_translation : float, default=0
         Shifts are searched on the integer grid within ``+-max_translation`` pixels, then refined
         continuously within that bound. Values beyond :func:`translation_limit` (a little more
@@ -104,6 +108,13 @@ def invariant_distances(X, Y=None, *, group="se2", max_rotation=180.0, n_rotatio
         NumPy for NumPy input (float64 for float64 input, else float32), torch (on ``device``)
         for torch input.
     tau : same kind, shape (n_x, n_y, 3) or (n_x, n_y, 4), only with ``return_alignments=True``
+
+    Raises
+    ------
+    InsufficientMemoryError
+        Before anything of the request's size is allocated, when the least the search needs
+        does not fit in the device's memory; the message names what to lower
+        (``n_rotations``/``max_translation``, or the number of images).
 
     Notes
     -----

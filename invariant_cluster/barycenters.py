@@ -278,7 +278,7 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
     if labels is not None:
         lab = _check_labels(labels, n)
         grid = make_search_grid(group, max_rotation, n_rotations, max_translation, refine,
-                                reflection)
+                                reflection, image_shape=shape)
         means = []
         with torch.no_grad():
             for c in np.unique(lab):  # a loop over clusters, each batched over its members

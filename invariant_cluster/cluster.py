@@ -104,7 +104,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         (ARI 0.62 against 0.79 for k-means on pixels, measured on unrotated MNIST with the
         first version of this estimator).
     n_rotations : int, default=36
-        Grid angles (0 is always included).
+        Grid angles (0 is always included). At most
+        :func:`~invariant_cluster.alignment.rotation_limit` (the angles the image size can tell
+        apart, at least 360); more get a ``ValueError``.
     max_translation : float, default=0
         Shifts searched within ``+-max_translation`` pixels (integer grid).
     bandwidth : "auto" or float, default="auto"
@@ -374,6 +376,19 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         dev = resolve_device(self.device)
         grid = self._grid(refine=False)
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
+        # a fit that cannot fit fails now, not after an hour of search: before anything of the
+        # data's size is allocated, for all n samples (the distinct ones are not known yet)
+        # and with the filtered copy (the noise is not measured yet)
+        k = int(min(self.n_neighbors, n - 1))
+        c = _memory.shortlist_length(self.neighbor_search, self.n_candidates, k, n, grid.size)
+        what = f"InvariantAttentionClusterer.fit on {n} images"
+        _memory.check_search(n, n, self.image_shape_, grid, k=k, n_candidates=c,
+                             element_size=X2.dtype.itemsize, device=dev, what=what)
+        _memory.check_fits(
+            _memory.estimate_fit_bytes(n, X2.shape[1], k, c, element_size=X2.dtype.itemsize,
+                                       device=dev, filtered=self.noise_std != 0),
+            dev, what,
+            hint="fit a subset, lower n_neighbors, or run on a machine with more memory")
         # the distinct images in an order set by their content: the fit does not depend on the
         # order of the samples or on how often an image is stored (see _duplicates)
         first, inverse = unique_in_canonical_order(X2)
@@ -384,13 +399,6 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         self.noise_std_ = float(self.filter_.noise_std_)
         filtered = not self.filter_.is_identity
         k = int(min(self.n_neighbors, len(first) - 1))
-        # a fit that cannot fit fails now, not after an hour of search
-        c = _memory.shortlist_length(self.neighbor_search, self.n_candidates, k, n, grid.size)
-        _memory.check_fits(
-            _memory.estimate_fit_bytes(n, X2.shape[1], k, c, element_size=X2.dtype.itemsize,
-                                       device=dev, filtered=filtered),
-            dev, f"InvariantAttentionClusterer.fit on {n} images",
-            hint="fit a subset, lower n_neighbors, or run on a machine with more memory")
         t0 = time.perf_counter()
         with thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose):
             if filtered:

@@ -172,8 +172,9 @@ class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, Transf
     max_rotation : float, default=180.0
         Angles searched within ``+-max_rotation`` degrees (180: the full circle).
     n_rotations : int, default=36
-        Number of grid angles (0 is always on the grid; 36 over the full circle holds the
-        multiples of 90 degrees).
+        Number of grid angles (0 is always on the grid; 36 over the full circle holds the multiples
+        of 90 degrees). At most :func:`~invariant_cluster.alignment.rotation_limit` (the angles the
+        image size can tell apart, at least 360); more get a ``ValueError``.
     max_translation : float, default=0
         Integer shifts searched within ``+-max_translation`` pixels.
     n_neighbors : int, default=15
@@ -379,6 +380,11 @@ class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, Transf
                 raise ValueError("robust: Principal Attention Pursuit is available with "
                                  "kernel='softmax' only, got robust=True with kernel='invariant'")
             return self._fit_invariant(X, device)
+        # the dense n x n Gram matrix, its centred copy, the eigenvectors and eigh's workspace
+        _memory.check_fits(4 * n * n * 8, device,
+                           f"KernelPCAAttention.fit on {n} keys (dense {n} x {n} matrices)",
+                           hint="fit fewer keys (rows of X), or use kernel='invariant' (a "
+                                "sparse kNN kernel)")
         if self.scale is None or self.scale == "attention":
             scale = 1.0 / math.sqrt(n_features)
         elif self.scale == "auto":

@@ -40,7 +40,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ._estimator import ImageInputMixin
-from ._utils import to_tensor
+from ._utils import evenly_spaced_indices, to_tensor
 
 __all__ = ["DihedralPCA", "RadialWiener", "downsample", "estimate_noise_std"]
 
@@ -310,7 +310,7 @@ def _subset_rows(n: int, device) -> torch.Tensor:
     time)."""
     if n <= NOISE_SUBSET:
         return torch.arange(n, device=device)
-    return torch.linspace(0, n - 1, NOISE_SUBSET, device=device).round().long()
+    return evenly_spaced_indices(n, NOISE_SUBSET, device)
 
 
 def _haar_noise_std(X: torch.Tensor) -> float:

@@ -109,7 +109,9 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
     max_rotation : float, default=180.0
         Angles are searched within ``+-max_rotation`` degrees (180: the full circle).
     n_rotations : int, default=36
-        Grid angles (0 is always on the grid).
+        Grid angles (0 is always on the grid). At most
+        :func:`~invariant_cluster.alignment.rotation_limit` (the angles the image size can tell
+        apart, at least 360); more get a ``ValueError``.
     max_translation : float, default=0
         Integer shifts within ``+-max_translation`` pixels are searched, then refined.
     refine : bool, default=True

@@ -21,7 +21,7 @@ from .approximate import approximate_shortlist
 from .candidates import candidate_search
 from .descriptors import invariant_descriptors, steerable_descriptors
 from .dispatch import knn_search
-from .grid import GROUPS, SearchGrid, make_search_grid, translation_limit
+from .grid import GROUPS, SearchGrid, make_search_grid, rotation_limit, translation_limit
 from .kernel import (
     blocked_grid_search,
     grid_search,
@@ -37,6 +37,7 @@ __all__ = [
     "GROUPS",
     "SearchGrid",
     "make_search_grid",
+    "rotation_limit",
     "translation_limit",
     "grid_search",
     "blocked_grid_search",

@@ -9,11 +9,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .. import _memory
 from ..transforms import rotation_grid, translation_grid
 
-__all__ = ["GROUPS", "SearchGrid", "make_search_grid", "translation_limit"]
+__all__ = ["GROUPS", "SearchGrid", "make_search_grid", "rotation_limit", "translation_limit"]
 
 GROUPS = ("se2", "rotation", "translation", "none")
+
+# Maintenance note: two grid angles are told apart when they move the image's farthest pixel
+# (from the centre) by at least a quarter of a pixel; a finer grid costs its time and finds
+# nothing the continuous refinement does not. Any image may have a one-degree grid (360 angles).
+ROTATION_SUBPIXEL = 4
+MIN_ROTATION_LIMIT = 360
+_LARGEST_SIDE = math.isqrt(_memory.INDEX_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,28 @@ def translation_limit(image_shape, group="se2") -> int:
     return int(math.ceil((max(h, w) - 1) / 2.0 + math.hypot(h - 1, w - 1) / 2.0)) + 1
 
 
+def rotation_limit(image_shape, max_rotation=180.0) -> int:
+    """The most grid angles ``n_rotations`` that images of ``image_shape`` can tell apart.
+
+    ``max(360, ceil(span * 4 r))``, with ``span`` the range searched in radians (the full
+    circle for ``max_rotation >= 180``, else ``2 max_rotation``) and ``r`` the distance of
+    the farthest pixel centre from the image centre, ``hypot(H - 1, W - 1) / 2``: angles
+    closer than that move no pixel by a quarter of a pixel (:data:`ROTATION_SUBPIXEL`), so
+    more of them only cost time (the continuous refinement finds the angles in between). A
+    one-degree grid over the full circle (360 angles) is allowed on any image.
+
+    Examples
+    --------
+    >>> from invariant_cluster.alignment import rotation_limit
+    >>> rotation_limit((1, 8, 8)), rotation_limit((1, 28, 28)), rotation_limit((1, 64, 64))
+    (360, 480, 1120)
+    """
+    h, w = int(image_shape[-2]), int(image_shape[-1])
+    span = 2.0 * math.pi if max_rotation >= 180.0 else 2.0 * math.radians(max_rotation)
+    r = math.hypot(h - 1, w - 1) / 2.0
+    return int(max(MIN_ROTATION_LIMIT, math.ceil(span * ROTATION_SUBPIXEL * r)))
+
+
 def make_search_grid(group="se2", max_rotation=180.0, n_rotations=36, max_translation=0,
                      refine=True, reflection=False, *, image_shape=None) -> SearchGrid:
     """Validate the search parameters and build the :class:`SearchGrid`.
@@ -108,7 +138,11 @@ def make_search_grid(group="se2", max_rotation=180.0, n_rotations=36, max_transl
     :mod:`invariant_cluster.transforms`).
     With ``image_shape`` (``(C, H, W)`` or ``(H, W)``), ``max_translation`` is capped at
     :func:`translation_limit` (the distances are the same, the cost is not), as
-    ``max_rotation`` is capped at 180.
+    ``max_rotation`` is capped at 180. ``n_rotations`` beyond :func:`rotation_limit` (more
+    angles than the images can tell apart; without ``image_shape``, than the largest image one
+    warp can hold, 46,340 pixels square) gets a ``ValueError``. A grid whose own
+    arrays do not fit in memory gets an
+    :class:`~invariant_cluster.neighbors.InsufficientMemoryError` before it is built.
 
     Examples
     --------
@@ -137,6 +171,24 @@ def make_search_grid(group="se2", max_rotation=180.0, n_rotations=36, max_transl
     trans = group in ("se2", "translation")
     if trans and image_shape is not None:
         max_translation = min(max_translation, translation_limit(image_shape, group))
+    if rot and max_rotation > 0:
+        # without a shape: the largest image one warp can hold (2**31 elements)
+        shape = (_LARGEST_SIDE, _LARGEST_SIDE) if image_shape is None else image_shape
+        limit = rotation_limit(shape, max_rotation)
+        if n_rotations > limit:
+            raise ValueError(
+                f"n_rotations: images of {int(shape[-2])} x {int(shape[-1])} pixels tell at "
+                f"most {limit} angles apart within +-{max_rotation:g} degrees (closer angles "
+                f"move no pixel by a quarter of a pixel, and the refinement finds the angles "
+                f"in between), got {n_rotations}; lower n_rotations")
+    n_angles = int(n_rotations) if rot and max_rotation > 0 else 1
+    side = 2 * int(math.floor(max_translation + 1e-9)) + 1 if trans else 1
+    # the angles (float64), the shifts (float64 and int64 pairs) and their sorting temporaries
+    grid_bytes = 8 * n_angles + 64 * side * side
+    if grid_bytes > _memory.UNCHECKED_SEARCH_BYTES:
+        _memory.check_fits(grid_bytes, "cpu",
+                           f"the transformation grid ({n_angles} angles x {side * side} shifts)",
+                           hint="lower n_rotations or max_translation")
     angles = rotation_grid(max_rotation, int(n_rotations)) if rot else np.zeros(1)
     shifts = translation_grid(max_translation) if trans else np.zeros((1, 2))
     return SearchGrid(group, angles, shifts.astype(np.int64),

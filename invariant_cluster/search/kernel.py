@@ -324,6 +324,8 @@ def grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k=None,
     """
     n_x, n_y = X.shape[0], Y.shape[0]
     device = X.device
+    _memory.check_search(n_x, n_y, X.shape[1:], grid, k=k, element_size=X.element_size(),
+                         device=device, what=f"the grid search of {n_x} x {n_y} images")
     xsq = (X.reshape(n_x, -1) ** 2).sum(1)
     if k is None:
         dist = X.new_empty((n_x, n_y))

@@ -167,6 +167,19 @@ def shortlist_descriptors(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *,
         X_desc = invariant_descriptors(X, **kw)[:, None]
         Y_desc = X_desc if Y is X else invariant_descriptors(Y, **kw)[:, None]
         return X_desc, Y_desc
+    angles, shifts, kw, rotate = _steerable_plan(X.shape[-2:], grid, rotate)
+    kw["blur"] = blur
+    if rotate == "queries" and angles is not None:
+        return (steerable_descriptors(X, shifts=shifts, angles=-angles, **kw),
+                steerable_descriptors(Y, **kw))
+    return (steerable_descriptors(X, shifts=shifts, **kw),
+            steerable_descriptors(Y, angles=angles, **kw))
+
+
+def _steerable_plan(size, grid: SearchGrid, rotate):
+    """``(angles, shifts, kw, rotate)`` of the steerable descriptors of
+    :func:`shortlist_descriptors` for images of ``size`` ``(H, W)`` (``rotate`` resolved)."""
+    rot, trans, _ = grid.free
     angles = None
     if rot:
         if grid.max_rotation >= 180.0:
@@ -179,20 +192,34 @@ def shortlist_descriptors(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *,
         shifts = translation_grid(grid.max_translation)
         if grid.max_translation >= 2:
             shifts = shifts[(shifts % 2 == 0).all(1)]
-    h, w = X.shape[-2:]
+    h, w = size
     n_rings = max(1, int(round(min(h, w) / 4.0)))  # about 2 pixels apart
-    kw = dict(n_rings=n_rings, n_angular=_SHORTLIST_ANGULAR, n_frequencies=_SHORTLIST_FREQUENCIES,
-              blur=blur)
+    kw = dict(n_rings=n_rings, n_angular=_SHORTLIST_ANGULAR, n_frequencies=_SHORTLIST_FREQUENCIES)
     if rotate not in ("keys", "queries", "auto"):
         raise ValueError(f"rotate: expected 'keys', 'queries' or 'auto', got {rotate!r}")
     if rotate == "auto":
         rotate = "queries" if angles is not None and len(angles) > (
             1 if shifts is None else len(shifts)) else "keys"
-    if rotate == "queries" and angles is not None:
-        return (steerable_descriptors(X, shifts=shifts, angles=-angles, **kw),
-                steerable_descriptors(Y, **kw))
-    return (steerable_descriptors(X, shifts=shifts, **kw),
-            steerable_descriptors(Y, angles=angles, **kw))
+    return angles, shifts, kw, rotate
+
+
+def descriptor_bytes(n_x, n_y, image_shape, grid: SearchGrid, *, rotate="keys",
+                     element_size=4) -> int:
+    """Bytes of the steerable descriptors :func:`shortlist_descriptors` returns for ``n_x``
+    queries and ``n_y`` keys of ``image_shape`` ``(C, H, W)``, computed without them (0 when
+    the pixels are the descriptors)."""
+    rot, trans, _ = grid.free
+    if not rot and not trans:
+        return 0
+    c, h, w = (int(v) for v in image_shape[-3:])
+    angles, shifts, kw, rotate = _steerable_plan((h, w), grid, rotate)
+    n_ang = 1 if angles is None else len(angles)
+    n_sh = 1 if shifts is None else len(shifts)
+    m = min(kw["n_frequencies"], kw["n_angular"] // 2 + 1)
+    d = c * kw["n_rings"] * (2 * m - 1)
+    per_query = n_sh * (n_ang if rotate == "queries" else 1)
+    per_key = grid.n_mirrors * (1 if rotate == "queries" else n_ang)
+    return int((int(n_x) * per_query + int(n_y) * per_key) * d * int(element_size))
 
 
 def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_candidates=None,
@@ -254,15 +281,26 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
     True
     """
     k = check_int(k, "k", 1)
-    n_y = Y.shape[0]
+    n_x, n_y = X.shape[0], Y.shape[0]
     if candidates is None:
         if n_candidates is None:
             n_candidates = _memory.default_n_candidates(k, n_y)
         n_candidates = max(check_int(n_candidates, "n_candidates", 1), k)
         n_avail = n_y - (1 if exclude is not None else 0)
+        approximate = approximate or (approximate is None
+                                      and _memory.use_approximate_shortlist(n_y))
+        described = 0
+        if n_candidates < n_avail and descriptor == "steerable":
+            described = descriptor_bytes(n_x, n_y, X.shape[1:], grid,
+                                         rotate="auto" if approximate else "keys",
+                                         element_size=X.element_size())
+        _memory.check_search(n_x, n_y, X.shape[1:], grid, k=k,
+                             n_candidates=min(n_candidates, n_y), descriptor_bytes=described,
+                             element_size=X.element_size(), device=X.device,
+                             what=f"the neighbour search of {n_x} x {n_y} images")
         if n_candidates >= n_avail:  # the shortlist would hold every key anyway
             candidates = torch.arange(n_y, device=X.device).expand(X.shape[0], n_y)
-        elif approximate or (approximate is None and _memory.use_approximate_shortlist(n_y)):
+        elif approximate:
             from .approximate import approximate_shortlist
 
             X_desc, Y_desc = shortlist_descriptors(X, Y, grid, descriptor=descriptor,
