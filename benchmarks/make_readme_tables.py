@@ -626,6 +626,10 @@ def _inline_rst(text):
     text = re.sub(r"^_(.*)_(\.?)$", r"\1\2", text)
     text = re.sub(r"`([^`]+)`", r"``\1``", text)
     text = re.sub(r"(?<![\w*`])_([^_]+?)_(?![\w])", r"*\1*", text)
+    # outside literals, a word ending in "_" (``labels_``) would be a reference to a target
+    parts = re.split(r"(``.*?``)", text)
+    text = "".join(part if part.startswith("``") else re.sub(r"(\w)_(?!\w)", r"\1\\_", part)
+                   for part in parts)
     # a bare "|" would start a substitution reference; the tables escape it as "\|" already
     return re.sub(r"(?<!\\)\|", r"\\|", text)
 
