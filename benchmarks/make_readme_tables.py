@@ -576,9 +576,23 @@ def headline(results_dir=RESULTS):
                      "details"], rows, ["l"] * 6)
 
 
+_ROUNDS = [(re.compile(r"\s*\((?:the )?\w+ session\)"), ""),
+           (re.compile(r"\((?:the )?\w+ session; "), "("),
+           (re.compile(r" in the \w+ session\b"), ""),
+           (re.compile(r"\bthe session's time\b"), "the time available")]
+
+
+def _without_rounds(text):
+    """The JSON's free-text notes without the internal round of work that some of them name
+    (the table's last line dates the numbers by the JSON's date and machine instead)."""
+    for pattern, repl in _ROUNDS:
+        text = pattern.sub(repl, text)
+    return text
+
+
 def section(name, result):
     kind = result.get("benchmark", name)
-    body = FORMATTERS.get(kind, table_generic)(result)
+    body = _without_rounds(FORMATTERS.get(kind, table_generic)(result))
     return (f"<!-- bench:{name} -->\n"
             f"_From `benchmarks/results/{name}.json`._\n\n{body}\n\n{hardware(result)}\n"
             f"<!-- /bench:{name} -->")
