@@ -579,6 +579,7 @@ def headline(results_dir=RESULTS):
 _ROUNDS = [(re.compile(r"\s*\((?:the )?\w+ session\)"), ""),
            (re.compile(r"\((?:the )?\w+ session; "), "("),
            (re.compile(r" in the \w+ session\b"), ""),
+           (re.compile(r"\bthe \w+ session's run\b"), "an earlier run of the same command"),
            (re.compile(r"\bthe session's time\b"), "the time available")]
 
 
