@@ -5,7 +5,7 @@ Gaussian noise of standard deviation ``sigma``; the search over +-60 degrees, 24
 15). For each (sigma, seed) the invariant kNN graph of the samples is searched twice: on the
 noisy pixels, and on ``DihedralPCA(n_components).fit_transform(X)`` (the PCA of the images'
 covariance averaged over quarter turns and mirrors; the seconds include it). Each graph is
-grouped by the two baselines of issue 20: the pipeline (umap-learn -> k-means, the estimator's
+grouped by the noise benchmark's two baselines: the pipeline (umap-learn -> k-means, the estimator's
 ``embed_and_cluster``) and Leiden on umap-learn's fuzzy graph (resolution searched for 10
 clusters), with the seed of the data. Columns: graph purity (share of edges joining two digits of
 one class), ACC, NMI, seconds.

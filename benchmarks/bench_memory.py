@@ -1,4 +1,4 @@
-"""Peak memory of a fit against the estimate behind the memory check (issue 17).
+"""Peak memory of a fit against the estimate behind the memory check.
 
 Each size runs in a FRESH process (peak RSS is a process' high-water mark): the resident set
 after the imports and the data, the estimate :func:`invariant_cluster._memory.estimate_fit_bytes`
@@ -7,7 +7,7 @@ of the fit's own allocations, and the peak resident set of the fit
 measured increase (peak minus the resident set before the fit): within 2x is the target.
 
 Data: Fashion-MNIST train + test (``apt-get install dataset-fashion-mnist``), else its test split
-in ``../shared/data`` (sizes up to 10,000); the estimator as issue 17 runs it:
+in ``../shared/data`` (sizes up to 10,000); the estimator as the scaling benchmark runs it:
 ``InvariantAttentionClusterer(n_clusters=10, max_rotation=15, n_rotations=7,
 max_translation=1)``.
 

@@ -1,6 +1,6 @@
 """Noisy rotated MNIST: the estimator on the pixels against the estimator on a DihedralPCA copy.
 
-A route measured for issue 20 (noisy images): ``DihedralPCA(40)`` (no zoom) denoises the
+A route measured for noisy images: ``DihedralPCA(40)`` (no zoom) denoises the
 digits, and ``InvariantAttentionClusterer(n_clusters=10, random_state=seed)`` at its defaults
 (only the search range of ``bench_noise.py`` set) is fitted on the copy, against the same
 estimator on the noisy pixels, on the same images (``bench_noise.noisy``: ``n`` MNIST test

@@ -24,7 +24,7 @@ top-k against the shortlist length (the data behind ``neighbors.default_n_candid
     python benchmarks/bench_scaling.py --n 500 1000 2000 --out results/scaling_medium.json
     python benchmarks/bench_scaling.py --recall         # n = 2000, 17 and 24 angles, +-2 px
 
-``--fashion`` runs the large-scale check of issue 17 on Fashion-MNIST train + test (70,000 images;
+``--fashion`` runs the large-scale check on Fashion-MNIST train + test (70,000 images;
 ``apt-get install dataset-fashion-mnist`` puts them in ``/usr/share/datasets/fashion-mnist``,
 where the loader finds them, or ``fetch_fashion_mnist(download=True)``):
 ``InvariantAttentionClusterer(n_clusters=10, max_rotation=15, n_rotations=7, max_translation=1)``
@@ -372,7 +372,7 @@ FASHION_IMAGES = 70000
 
 def _stack_shifted(X, y, n):
     """``X`` (``(m, side * side)``, square images) extended to ``n`` images by copies shifted by
-    whole pixels (1 px right, then down, left, up, ...; zero fill), the stand-in issue 17 named
+    whole pixels (1 px right, then down, left, up, ...; zero fill), a stand-in
     for 140,000 images. It is NOT a larger set of the same kind for the clusterer: each copy is
     within the search's +-1 px of its original, at distance 0, so every ``rho_i`` is 0 and the
     calibration leaves a graph of disconnected pairs that Leiden cannot group into 10 (see
@@ -570,7 +570,7 @@ def main(argv=None):
                    help="torch intra-op threads (default: torch's); 1 is steadier on a busy "
                         "machine")
     p.add_argument("--fashion", action="store_true",
-                   help="Fashion-MNIST train + test at --fashion-n sizes (issue 17)")
+                   help="Fashion-MNIST train + test at --fashion-n sizes")
     p.add_argument("--fashion-n", type=int, nargs="+", default=[10000, 70000])
     p.add_argument("--fashion-recall-n", type=int, nargs="+", default=[10000, 70000],
                    help="sizes at which the recall is checked exactly on --recall-queries")

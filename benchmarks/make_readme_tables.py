@@ -1,17 +1,23 @@
-"""Markdown tables for the README from the JSON files in ``benchmarks/results/``.
+"""Tables from the JSON files in ``benchmarks/results/``: the README's headline figures and the
+documentation's benchmark tables.
 
-Each JSON file ``results/<name>.json`` becomes one section wrapped in the markers
-``<!-- bench:<name> -->`` ... ``<!-- /bench:<name> -->``. Known benchmarks (``clustering``,
-``alignment``, ``scaling``, ``kpca_diagnostics``, ``rpc_robustness``, ``kpca_features``) get a
-dedicated table;
-any other file gets a generic one (its ``rows`` or ``sweep`` records, else its top-level
-numbers). Every section ends with the hardware the numbers were measured on, as the JSON
-records it.
+Each JSON file ``results/<name>.json`` becomes one section. Known benchmarks (``clustering``,
+``alignment``, ``scaling``, ``count``, ``kpca_diagnostics``, ``rpc_robustness``,
+``kpca_features``, ``noise``, ``cryoem``, ``first_fit``) get a dedicated table; any other file
+gets a generic one (its ``rows`` or ``sweep`` records, else its top-level numbers). Every section
+ends with the hardware the numbers were measured on, as the JSON records it. One more section,
+``headline``, picks a few figures out of several files for the README, each row linked to its
+JSON file and to the benchmarks page of the documentation.
 
-    python benchmarks/make_readme_tables.py                  # print every section
+The documentation includes the sections as ``docs/_generated/bench_<name>.inc`` (written at
+every build by ``docs/_ext/bench_tables.py``, which calls :func:`write_includes`); the README
+holds only ``headline``, between ``<!-- bench:headline -->`` and ``<!-- /bench:headline -->``.
+
+    python benchmarks/make_readme_tables.py                  # print every section (markdown)
     python benchmarks/make_readme_tables.py --update README.md
-        # replace the text between each pair of markers already in README.md (sections
-        # without markers there are listed, not inserted)
+        # replace the text between each pair of markers already in README.md
+    python benchmarks/make_readme_tables.py --rst docs/_generated
+        # write the reStructuredText includes that the documentation build writes
 """
 
 from __future__ import annotations
@@ -82,7 +88,11 @@ def hardware(result):
     wall = result.get("wall_s")
     if isinstance(wall, (int, float)):
         parts.append(f"wall time {wall:.0f} s")
-    return "Measured on: " + (", ".join(parts) if parts else "(not recorded in the JSON)") + "."
+    line = "Measured on: " + (", ".join(parts) if parts else "(not recorded in the JSON)") + "."
+    command = result.get("command")
+    if isinstance(command, str):
+        line += f" Command: `{command}`."
+    return line
 
 
 # ------------------------------------------------------------------------------- per benchmark
@@ -408,7 +418,42 @@ def table_first_fit(r):
     return t
 
 
+def table_count(r):
+    """Copy sets whose count came out exact with ARI >= 0.95, per kind of set and method."""
+    summary = [x for x in r.get("summary", []) if x.get("noise") == "all"]
+    methods = list(dict.fromkeys(x["method"] for x in summary))
+    kinds = list(dict.fromkeys(x["kind"] for x in summary))
+    if not summary:
+        return table_generic(r)
+    cell = {(x["kind"], x["method"]): x for x in summary}
+    names = {"estimator": "`n_clusters=None`",
+             "hdbscan_invariant": "HDBSCAN on `invariant_distances`",
+             "leiden_modularity": "Leiden (modularity) on the kNN graph",
+             "hdbscan_umap": "HDBSCAN on umap-learn's layout"}
+    kind_names = {"digits8": "8 x 8 digits", "mnist_rot": "MNIST digits",
+                  "mnist_shift": "MNIST digits, shifts within ±2 px"}
+    body = []
+    for kind in kinds:
+        sets = next(x["sets"] for x in summary if x["kind"] == kind)
+        label = (f"all {sets} (largest count error)" if kind == "all"
+                 else f"{kind_names.get(kind, kind)} ({sets} sets)")
+        row = [label]
+        for m in methods:
+            x = cell.get((kind, m))
+            if x is None:
+                row.append("–")
+            elif kind == "all":
+                row.append(f"{x['exact']} ({x['max_abs_count_error']})")
+            else:
+                row.append(str(x["exact"]))
+        body.append(row)
+    return ("Copy sets with the exact count and ARI >= 0.95:\n\n"
+            + md_table(["copy sets", *[names.get(m, m) for m in methods]], body,
+                       ["l"] + ["r"] * len(methods)))
+
+
 FORMATTERS = {
+    "count": table_count,
     "first_fit": table_first_fit,
     "clustering": table_clustering,
     "alignment": table_alignment,
@@ -421,9 +466,134 @@ FORMATTERS = {
 }
 
 
+# ------------------------------------------------------------------------------------ headline
+DOCS_PAGE = "docs/benchmarks.rst"
+
+
+def _load(results_dir, name):
+    try:
+        return json.loads((Path(results_dir) / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _row(rows, **match):
+    return next((x for x in rows if all(x.get(k) == v for k, v in match.items())), None)
+
+
+def _headline_clustering(r):
+    rows = r["rows"]
+    ours = _row(rows, variant="rotated45", n=10000, method="invariant attention")
+    km = _row(rows, variant="rotated45", n=10000, method="k-means (pixels)")
+    pipe = _row(rows, variant="rotated45", n=10000, method="kNN + UMAP + k-means")
+    return ("10,000 MNIST test digits rotated within ±45°", "ACC",
+            f"{ours['acc']:.3f} ({ours['seconds']:.0f} s)",
+            f"k-means on pixels {km['acc']:.3f}; invariant kNN -> umap-learn -> k-means "
+            f"{pipe['acc']:.3f} ({pipe['seconds']:.0f} s)",
+            "clustering-rotated-mnist-and-fashion-mnist")
+
+
+def _headline_noise(r):
+    s = [x for x in r["summary"] if x["sigma"] == 0.8]
+    ours = _row(s, method="estimator (default grouping)")
+    base = max((x for x in s if x["method"] in ("pipeline", "leiden (samples)")),
+               key=lambda x: x["acc"])
+    names = {"pipeline": "invariant kNN -> umap-learn -> k-means",
+             "leiden (samples)": "Leiden on the invariant kNN graph"}
+    return (f"The same with Gaussian noise of std 0.8 (mean of {ours['seeds']} seeds)", "ACC",
+            f"{ours['acc']:.3f}", f"{names[base['method']]} {base['acc']:.3f}",
+            "noisy-rotated-mnist")
+
+
+def _headline_fashion(r):
+    rows = r["rows"]
+    ours = _row(rows, n=70000, method="InvariantAttentionClusterer")
+    umap = _row(rows, n=70000, method="umap-learn -> k-means (pixels)")
+    km = _row(rows, n=70000, method="k-means (pixels)")
+    return ("All 70,000 Fashion-MNIST images", "ACC (fit time, peak memory)",
+            f"{ours['acc']:.3f} ({ours['seconds']:.0f} s, {ours['peak_mb'] / 1024:.1f} GB)",
+            f"umap-learn -> k-means {umap['acc']:.3f}; k-means {km['acc']:.3f}",
+            "the-invariant-knn-graph")
+
+
+def _headline_cryoem(r):
+    rows = r["rows"]
+    ours = _row(rows, snr=1.0, shift=0.0,
+                method="ours: invariant kNN (72 angles, mirrors, search on "
+                       "DihedralPCA(40, output_size=24)) + one-step average of k=10")
+    asp = _row(rows, snr=1.0, shift=0.0, method="ASPIRE RIRClass2D + BFTAverager2D")
+    return ("Cryo-EM: 2,000 simulated projections at SNR 1",
+            "share of 10 neighbours within 10° of the view (seconds)",
+            f"{ours['nbr10']:.3f} ({ours['seconds_neighbors']:.1f} s)",
+            f"ASPIRE {asp['nbr10']:.3f} ({asp['seconds_neighbors']:.1f} s)",
+            "cryo-em-class-averages-against-aspire")
+
+
+def _headline_count(r):
+    s = [x for x in r["summary"] if x["kind"] == "all" and x["noise"] == "all"]
+    ours = _row(s, method="estimator")
+    hdb = _row(s, method="hdbscan_invariant")
+    return (f"Counting clusters: {ours['sets']} sets of rotated copies",
+            "sets with the exact count and ARI >= 0.95", f"{ours['exact']}",
+            f"HDBSCAN on `invariant_distances` {hdb['exact']}", "how-many-clusters")
+
+
+def _headline_alignment(r):
+    row = r["rows"][0]
+    return (f"Aligning image pairs ({row['grid']})", "pairs per second",
+            f"{row['ours_rate_same']:.2g} ({row['speedup_same']:.0f}x)",
+            f"kornia, one pair at a time: {row['per_pair_rate']:.2g}", "alignment-search")
+
+
+HEADLINES = [("clustering", _headline_clustering), ("noise_filter_10000", _headline_noise),
+             ("scaling_fashion70k", _headline_fashion), ("cryoem", _headline_cryoem),
+             ("count", _headline_count), ("alignment", _headline_alignment)]
+
+
+def headline(results_dir=RESULTS):
+    """The README's table of headline figures, each linked to its JSON and the docs page."""
+    rows = []
+    for name, make in HEADLINES:
+        r = _load(results_dir, name)
+        if r is None:
+            continue
+        try:
+            task, measure, ours, others, anchor = make(r)
+        except (KeyError, TypeError, ValueError, StopIteration):
+            print(f"headline: {name}.json lacks the fields its row needs", file=sys.stderr)
+            continue
+        env = r.get("env") or r.get("environment") or {}
+        when = ", ".join(str(x) for x in (env.get("date"),
+                                          f"{env['cpu_count']} CPU cores"
+                                          if env.get("cpu_count") else None) if x)
+        rows.append([task, measure, ours, others,
+                     f"[`{name}.json`](benchmarks/results/{name}.json)"
+                     + (f" ({when})" if when else ""),
+                     f"[benchmarks]({DOCS_PAGE}#{anchor})"])
+    if not rows:
+        return "(no results)"
+    return md_table(["task", "measure", "invariant_cluster", "baselines", "data (measured)",
+                     "details"], rows, ["l"] * 6)
+
+
+_ROUNDS = [(re.compile(r"\s*\((?:the )?\w+ session\)"), ""),
+           (re.compile(r"\((?:the )?\w+ session; "), "("),
+           (re.compile(r" in the \w+ session\b"), ""),
+           (re.compile(r"\bthe \w+ session's run\b"), "an earlier run of the same command"),
+           (re.compile(r"\bthe session's time\b"), "the time available")]
+
+
+def _without_rounds(text):
+    """The JSON's free-text notes without the internal round of work that some of them name
+    (the table's last line dates the numbers by the JSON's date and machine instead)."""
+    for pattern, repl in _ROUNDS:
+        text = pattern.sub(repl, text)
+    return text
+
+
 def section(name, result):
     kind = result.get("benchmark", name)
-    body = FORMATTERS.get(kind, table_generic)(result)
+    body = _without_rounds(FORMATTERS.get(kind, table_generic)(result))
     return (f"<!-- bench:{name} -->\n"
             f"_From `benchmarks/results/{name}.json`._\n\n{body}\n\n{hardware(result)}\n"
             f"<!-- /bench:{name} -->")
@@ -439,35 +609,108 @@ def sections(results_dir=RESULTS):
             continue
         if isinstance(result, dict):
             out[path.stem] = section(path.stem, result)
+    out["headline"] = ("<!-- bench:headline -->\n" + headline(results_dir)
+                       + "\n<!-- /bench:headline -->")
     return out
 
 
 def update(readme, secs):
-    """Replace each ``<!-- bench:NAME -->...<!-- /bench:NAME -->`` block.
+    """Replace each ``<!-- bench:NAME -->...<!-- /bench:NAME -->`` block present in ``readme``.
 
-    Returns the new text and the names of the blocks replaced.
+    Returns the new text and the names of the blocks replaced; a marker without a section is
+    reported on stderr.
     """
     text = Path(readme).read_text()
-    missing, updated = [], []
+    updated = []
     for name, block in secs.items():
         tag = re.escape(name)
         pattern = re.compile(rf"<!-- bench:{tag} -->.*?<!-- /bench:{tag} -->", re.S)
         if pattern.search(text):
             text = pattern.sub(lambda _m, b=block: b, text)
             updated.append(name)
-        else:
-            missing.append(name)
-    for name in missing:
-        print(f"{readme}: no markers for '{name}' (add <!-- bench:{name} --> "
-              f"<!-- /bench:{name} --> where its table belongs)", file=sys.stderr)
+    for name in re.findall(r"<!-- bench:([\w-]+) -->", text):
+        if name not in secs:
+            print(f"{readme}: no results/{name}.json for the markers '{name}'", file=sys.stderr)
     return text, updated
+
+
+# ------------------------------------------------------------------ reStructuredText includes
+def _inline_rst(text):
+    """Markdown inline markup -> reStructuredText (code, italics, links; bold is the same)."""
+    # a whole-line italic note such as "_From `file.json`._": rst cannot nest code in emphasis
+    text = re.sub(r"^_(.*)_(\.?)$", r"\1\2", text)
+    text = re.sub(r"`([^`]+)`", r"``\1``", text)
+    text = re.sub(r"(?<![\w*`])_([^_]+?)_(?![\w])", r"*\1*", text)
+    # outside literals, a word ending in "_" (``labels_``) would be a reference to a target
+    parts = re.split(r"(``.*?``)", text)
+    text = "".join(part if part.startswith("``") else re.sub(r"(\w)_(?!\w)", r"\1\\_", part)
+                   for part in parts)
+    # a bare "|" would start a substitution reference; the tables escape it as "\|" already
+    return re.sub(r"(?<!\\)\|", r"\\|", text)
+
+
+def _cells(line):
+    inner = line.strip()[1:-1]
+    return [c.strip() for c in re.split(r"(?<!\\)\|", inner)]
+
+
+def markdown_to_rst(body):
+    """One generated section (paragraphs and pipe tables) as reStructuredText."""
+    out = []
+    lines = body.strip("\n").splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("|") and i + 1 < len(lines) and set(lines[i + 1]) <= set("|-: "):
+            header = _cells(line)
+            rows = []
+            i += 2
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append(_cells(lines[i]))
+                i += 1
+            out += ["", ".. list-table::", "   :header-rows: 1", ""]
+            for row in [header, *rows]:
+                out.append(f"   * - {_inline_rst(row[0]) or '..'}")
+                out += [f"     - {_inline_rst(c) or '..'}" for c in row[1:]]
+            out.append("")
+            continue
+        out.append(_inline_rst(line))
+        i += 1
+    return "\n".join(out).strip() + "\n"
+
+
+def write_includes(target, results_dir=RESULTS):
+    """Write ``target/bench_<name>.inc`` for every JSON file; return the names written.
+
+    A file is rewritten only when its text changes, so that Sphinx rebuilds only what moved.
+    """
+    target = Path(target)
+    target.mkdir(parents=True, exist_ok=True)
+    names = []
+    for name, block in sections(results_dir).items():
+        if name == "headline":
+            continue  # its links are the README's
+        body = re.sub(r"^<!-- /?bench:[\w-]+ -->\n?", "", block, flags=re.M)
+        text = markdown_to_rst(body)
+        path = target / f"bench_{name}.inc"
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+        names.append(name)
+    return names
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", default=str(RESULTS), help="folder of the JSON files")
     p.add_argument("--update", metavar="README", help="rewrite the marked blocks of this file")
+    p.add_argument("--rst", metavar="DIR",
+                   help="write the documentation's includes bench_<name>.inc into DIR")
     args = p.parse_args(argv)
+    if args.rst:
+        names = write_includes(args.rst, args.results)
+        print(f"wrote {len(names)} includes into {args.rst}")
+        if not args.update:
+            return 0
     secs = sections(args.results)
     if args.update:
         text, updated = update(args.update, secs)

@@ -28,7 +28,7 @@ extensions = [
     "sphinx.ext.viewcode",
     "numpydoc",
     "sphinx_gallery.gen_gallery",
-    "readme_tables",  # docs/_ext: the README's benchmark tables as includes
+    "bench_tables",  # docs/_ext: the benchmark tables from benchmarks/results/*.json
     "docstring_fixes",  # docs/_ext: fitted-attribute names such as ``labels_`` in prose
 ]
 

@@ -15,7 +15,7 @@ group E(2) = rotations, translations and a mirror).
 The data here come from a small simulator written below (no cryo-EM package needed): a
 "molecule" of Gaussian blobs in 3-D, projected along random directions. The measured comparison
 with ASPIRE, the field's Python library, on its own simulated projections is
-``benchmarks/bench_cryoem.py`` (its table is in the README).
+``benchmarks/bench_cryoem.py`` (its table is in :doc:`/benchmarks`).
 """
 
 # %%

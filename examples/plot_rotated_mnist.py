@@ -8,7 +8,7 @@ searching rotations within +-60 degrees (13 grid angles, refined continuously). 
 ACC (accuracy under the best one-to-one matching of clusters to digits), ARI and NMI; the
 confusion matrices show *which* digits each method mixes up. The subset is small (n = 250) so
 that this page builds quickly; the benchmark ``benchmarks/bench_clustering.py`` makes the same
-comparison at n = 2,000 (its table is in the README and in
+comparison at n = 2,000 (its table is in :doc:`/benchmarks` and in
 :doc:`/user_guide/invariant_attention`).
 
 The last section shows when invariance hurts: with a full-circle search an upright 6 and an

@@ -117,7 +117,7 @@ def _positive(dist: np.ndarray) -> np.ndarray:
     for a sample with exact copies (invariant distance 0) ``rho_i`` is the distance to the
     nearest sample that is not a copy, and that sample, of another shape, gets the full weight
     1: exact copies of two shapes fell into one cluster, the partition depending on the order
-    of the samples (issue 19, F1). With zeros raised to ``1e-6`` of the smallest positive
+    of the samples. With zeros raised to ``1e-6`` of the smallest positive
     distance, ``rho_i`` is the distance to the copies, as for any other nearest neighbour; the
     copies keep weight 1 and the other shapes are weighed against them.
     """

@@ -107,7 +107,7 @@ def use_approximate_shortlist(n_keys) -> bool:
 # Fashion-MNIST means (+-15 degrees, 7 angles, +-1 px, k = 15) 32 candidates took 29.7 s against
 # 48.8 s for 64 and the means' graph was as pure (0.7903 of its edges join one class, against
 # 0.7923), but on 10,000 MNIST digits rotated within +-45 degrees with noise sigma 0.5 the
-# default grouping fell from ACC 0.849 to 0.817 (3 seeds, the same run). The ninth session's
+# default grouping fell from ACC 0.849 to 0.817 (3 seeds, the same run). The 2026-11-24
 # rerun (benchmarks/results/noise_10000.json) gave 0.807 for 64 and 0.819 for 32 at sigma 0.5,
 # 0.631 and 0.615 at 0.8: within the noise of one seed's Leiden partition (up to 0.09), so the
 # choice rests on the recall of the means' exact top-15 (70,000 means, 500 queries: 0.915 for

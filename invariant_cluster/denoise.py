@@ -272,7 +272,7 @@ NOISE_SUBSET = 10_000
 # images filtered per block (their spectra are complex: 2 x the images' bytes)
 _FILTER_BLOCK = 4096
 
-NOISE_NOTE = """Why a filter, and why the square root of Wiener's gain (measured, issue 20).
+NOISE_NOTE = """Why a filter, and why the square root of Wiener's gain (measured by bench_noise.py).
 
 On noisy images the invariant distance is dominated by the noise in the frequencies where the
 images have no signal: two digits of one class with white noise of standard deviation 0.5 are

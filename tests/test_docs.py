@@ -93,6 +93,29 @@ def test_index_quick_start_is_the_readme_one():
     assert textwrap.dedent(block).strip() == code.strip()
 
 
+def test_benchmark_tables_come_from_committed_json(tmp_path):
+    """Every benchmark include names a committed JSON file, and the generator writes it."""
+    import importlib.util
+
+    pages = [p for p in DOCS.rglob("*.rst") if "_build" not in p.parts]
+    names = {m for p in pages
+             for m in re.findall(r"\.\. include:: /_generated/bench_([\w-]+)\.inc", p.read_text())}
+    assert {"clustering", "noise", "cryoem", "count", "scaling"} <= names
+    results = ROOT / "benchmarks" / "results"
+    assert not [n for n in names if not (results / f"{n}.json").is_file()]
+    spec = importlib.util.spec_from_file_location(
+        "make_readme_tables", ROOT / "benchmarks" / "make_readme_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    written = set(tables.write_includes(tmp_path))
+    assert names <= written
+    assert "2 CPU cores" in (tmp_path / "bench_clustering.inc").read_text()
+    # the JSON's notes are dated by the JSON's date and machine, not by a round of work
+    assert not [p.name for p in tmp_path.glob("*.inc")
+                if re.search(r"\bsessions?\b", p.read_text(), re.I)]
+    assert "benchmarks" in (DOCS / "index.rst").read_text().split(".. toctree::", 1)[1]
+
+
 @pytest.mark.docs
 def test_sphinx_build_without_warnings():
     pytest.importorskip("sphinx")

@@ -1,9 +1,7 @@
-"""The README's quick start runs as written, and its links and benchmark markers hold."""
+"""The README's quick start runs as written, its links hold, and its headline table is generated."""
 
 import re
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -42,13 +40,38 @@ def test_commands_and_links():
             assert (ROOT / target).exists(), f"README links to a missing file: {target}"
 
 
-@pytest.mark.parametrize("name", ["clustering", "alignment", "kpca_diagnostics",
-                                  "rpc_robustness"])
-def test_benchmark_markers(name):
+def test_headline_table_is_generated_from_the_json():
+    """The README keeps one generated table (the headline figures); the rest is in the docs."""
+    import importlib.util
+
     text = README.read_text()
-    assert text.count(f"<!-- bench:{name} -->") == 1
-    assert text.count(f"<!-- /bench:{name} -->") == 1
-    assert text.index(f"<!-- bench:{name} -->") < text.index(f"<!-- /bench:{name} -->")
+    assert text.count("<!-- bench:headline -->") == 1
+    assert text.count("<!-- /bench:headline -->") == 1
+    assert set(re.findall(r"<!-- bench:([\w-]+) -->", text)) == {"headline"}
+    spec = importlib.util.spec_from_file_location(
+        "make_readme_tables", ROOT / "benchmarks" / "make_readme_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    block = text.split("<!-- bench:headline -->\n", 1)[1].split("\n<!-- /bench:headline -->")[0]
+    assert block == tables.headline(), \
+        "out of date: python benchmarks/make_readme_tables.py --update README.md"
+    assert block.count("](benchmarks/results/") >= 5
+
+
+def test_readme_is_short():
+    assert len(README.read_text().splitlines()) <= 250
+
+
+def test_no_internal_rounds_in_user_facing_text():
+    """Figures are dated by date, machine, command and JSON, not by rounds of work."""
+    pattern = re.compile(r"\bsessions?\b|\b(?:ninth|tenth|eleventh|twelfth)'s\b"
+                         r"|(?<!PyTorch )\bissue \d+", re.I)
+    paths = [README, *sorted((ROOT / "docs").rglob("*.rst")),
+             *sorted((ROOT / "invariant_cluster").rglob("*.py"))]
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in paths
+            if "_build" not in p.parts and "generated" not in p.parts
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not hits, hits
 
 
 def test_tables_script_updates_markers(tmp_path):
