@@ -3,7 +3,8 @@
 MNIST test digits (the first ``--n``, 500 by default), each rotated by a random angle
 (``make_transformed(X, max_rotation=180, random_state=0)``) and padded with 4 px of zeros
 (36 x 36, so that no content meets the frame), as they are and with every image moved by the
-same integer shift ``s`` (1 or 2 px to the right, ``np.roll``). Four ways to search, all with ``max_rotation=180`` where they rotate:
+same integer shift ``s`` (1 or 2 px to the right, ``np.roll``). Four ways to search, all with
+``max_rotation=180`` where they rotate:
 
 - ``translation``: ``group="translation"``, ``max_translation=2``;
 - ``se2``: ``group="se2"``, ``max_translation=2``;

@@ -1,8 +1,9 @@
 """The samples in a canonical order, and their duplicates: what makes a fit independent of the
 order of the samples and of how many times an image is stored.
 
-- :func:`unique_in_canonical_order`: the distinct images, sorted by their content (a fixed
-  projection), and where each sample's copy lies among them;
+- :func:`unique_in_canonical_order`: the distinct images, sorted by their content (fixed
+  projections of their sorted values, then of the images), and where each sample's copy lies
+  among them;
 - :func:`near_duplicates`: images within a tiny invariant distance of each other (a copy with
   rounding noise, or turned by a transformation of the search grid), from the kNN graph.
 
@@ -26,20 +27,28 @@ from scipy.sparse.csgraph import connected_components
 DUPLICATE_TOL = 1e-2
 
 
-def _content_key(flat) -> np.ndarray:
-    """A fixed random projection (float64) of each row of ``flat`` ``(n, F)`` (an array or a
-    tensor on any device)."""
+def content_keys(flat):
+    """Two fixed random projections (float64) of each row of ``flat`` ``(n, F)`` (an array or a
+    tensor on any device): of its values sorted, which no permutation of the pixels changes (a
+    quarter turn, an integer shift of content inside the frame), and of the row itself."""
     direction = np.random.RandomState(0).standard_normal(flat.shape[1])
+    invariant, raw = [], []
     # in blocks: a float64 copy of all the images at once would double the memory
-    blocks = (flat[i:i + 8192] for i in range(0, flat.shape[0], 8192))
-    return np.concatenate([np.asarray(b.cpu() if isinstance(b, torch.Tensor) else b,
-                                      dtype=np.float64) @ direction for b in blocks])
+    for i in range(0, flat.shape[0], 8192):
+        b = flat[i:i + 8192]
+        b = np.asarray(b.cpu() if isinstance(b, torch.Tensor) else b, dtype=np.float64)
+        raw.append(b @ direction)
+        invariant.append(np.sort(b, axis=1) @ direction)
+    return np.concatenate(invariant), np.concatenate(raw)
 
 
 def canonical_order(flat) -> np.ndarray:
     """The order of :func:`unique_in_canonical_order` of distinct rows ``flat`` ``(n, F)``
-    (an array or a tensor on any device)."""
-    return np.argsort(_content_key(flat), kind="stable")
+    (an array or a tensor on any device): by the projection of the sorted values, then of the
+    row. A permutation of the pixels of every image (turning or shifting the whole data set by
+    an element of the search grid) leaves the order, and so the fit, as it was."""
+    invariant, raw = content_keys(flat)
+    return np.lexsort((raw, invariant))
 
 
 def unique_in_canonical_order(X2: np.ndarray):
@@ -47,8 +56,8 @@ def unique_in_canonical_order(X2: np.ndarray):
     depends on their content only, and ``X2[first][inverse]`` equals ``X2``.
 
     Equal rows are found exactly, by sorting the rows' bytes; the distinct rows are then put in
-    the order of a fixed random projection (float64, stable), computed on them in their byte
-    order, so that the order depends on the content only. (A projection alone does not find
+    the order of :func:`canonical_order`, computed on them in their byte order, so that the
+    order depends on the content only. (A projection alone does not find
     equal rows: a BLAS product can round the same row differently at another position.)
     """
     n = X2.shape[0]

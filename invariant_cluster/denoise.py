@@ -39,6 +39,7 @@ from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
+from ._duplicates import content_keys
 from ._estimator import ImageInputMixin
 from ._utils import evenly_spaced_indices, to_tensor
 
@@ -315,11 +316,19 @@ def _subset_rows(n: int, device) -> torch.Tensor:
 
 def _haar_noise_std(X: torch.Tensor) -> float:
     """``median |HH| / 0.6745`` over the diagonal Haar details of every 2 x 2 block of ``X``
-    ``(n, C, H, W)``, ``H, W >= 2`` (Donoho and Johnstone, 1994)."""
+    ``(n, C, H, W)``, ``H, W >= 2`` (Donoho and Johnstone, 1994).
+
+    An odd side is tiled from both ends (offsets 0 and 1), so that a quarter turn or a mirror of
+    the images, which maps one tiling onto the other, measures the same."""
     n, _, h, w = X.shape
-    Z = X[_subset_rows(n, X.device), :, :h // 2 * 2, :w // 2 * 2].to(torch.float64)
-    hh = (Z[..., 0::2, 0::2] - Z[..., 0::2, 1::2] - Z[..., 1::2, 0::2] + Z[..., 1::2, 1::2]) / 2
-    return float(hh.abs().flatten().median()) / _MAD_FACTOR
+    Z = X[_subset_rows(n, X.device)].to(torch.float64)
+    details = []
+    for dy in range(1 + h % 2):
+        for dx in range(1 + w % 2):
+            T = Z[..., dy:dy + h // 2 * 2, dx:dx + w // 2 * 2]
+            details.append(((T[..., 0::2, 0::2] - T[..., 0::2, 1::2] - T[..., 1::2, 0::2]
+                             + T[..., 1::2, 1::2]) / 2).abs().flatten())
+    return float(torch.cat(details).median()) / _MAD_FACTOR
 
 
 # the fewest values (images x channels x cells of the full plane) of a band of frequencies the
@@ -349,14 +358,14 @@ def _quiet_band(means: np.ndarray, values: np.ndarray) -> int:
 
 
 def _halves(X: torch.Tensor, rows: torch.Tensor):
-    """``rows`` of ``X`` ``(n, C, H, W)`` dealt alternately into two halves in the order of
-    a fixed random projection of the images: set by their content, not by the order of the
-    samples (nor by where copies of an image are stored)."""
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    v = torch.randn(X[0].numel(), generator=gen, dtype=torch.float64).to(X.device)
-    key = torch.cat([X[rows[start:start + _FILTER_BLOCK]].reshape(-1, len(v)).to(torch.float64)
-                     @ v for start in range(0, len(rows), _FILTER_BLOCK)])
-    order = rows[torch.argsort(key, stable=True)]
+    """``rows`` of ``X`` ``(n, C, H, W)`` dealt alternately into two halves in the content's
+    canonical order (``_duplicates.canonical_order``): set by the
+    images, not by the order of the samples, where copies are stored, or a quarter turn of
+    them all."""
+    keys = [content_keys(X[rows[start:start + _FILTER_BLOCK]].reshape(-1, X[0].numel()))
+            for start in range(0, len(rows), _FILTER_BLOCK)]
+    invariant, raw = (np.concatenate(k) for k in zip(*keys))
+    order = rows[torch.as_tensor(np.lexsort((raw, invariant)), device=rows.device)]
     return order[0::2], order[1::2]
 
 

@@ -277,3 +277,18 @@ def test_predict_and_transform_follow_the_labels():
     np.testing.assert_array_equal(est.predict(X), est.labels_)
     assert est.transform(X).shape == (len(X), est.n_clusters_)
     assert est.cluster_centers_.shape[0] == est.n_clusters_ == 3
+
+
+@pytest.mark.parametrize("side", [7, 8])
+def test_canonical_order_ignores_a_permutation_of_every_image_pixels(side):
+    """A quarter turn, a mirror or an integer shift (content inside the frame) of every image
+    permutes its pixels: the fit's order of the distinct images stays."""
+    from invariant_cluster._duplicates import canonical_order
+
+    rng = np.random.default_rng(side)
+    X = np.zeros((30, side + 4, side + 4), np.float32)
+    X[:, 2:-2, 2:-2] = rng.random((30, side, side))
+    ref = canonical_order(X.reshape(30, -1))
+    for moved in (np.rot90(X, 1, axes=(1, 2)), X[:, ::-1], np.roll(X, (1, -2), axis=(1, 2))):
+        np.testing.assert_array_equal(canonical_order(np.ascontiguousarray(moved).reshape(30, -1)),
+                                      ref)

@@ -828,6 +828,10 @@ def _partition_fit(X, n_clusters=None, **kw):
 @given(st.integers(2, 4), st.integers(3, 6), st.integers(8, 12), st.sampled_from([None, "k"]),
        st.integers(0, 2**16))
 def test_quarter_turns_of_every_image_leave_the_partition(k, copies, side, given_k, seed):
+    """A quarter turn of every image permutes each image's pixels: the content's canonical
+    order and the noise estimate stay, and the search's distances change by float rounding
+    only, which cannot move a partition with a margin (on images without structure any
+    partition is a tie, and rounding may break it either way)."""
     from sklearn.metrics import adjusted_rand_score
 
     X, _ = _copy_set(k, copies, side, seed, noise=0.02)
@@ -857,6 +861,20 @@ def test_permutation_and_stacking_leave_the_partition(n, side, n_clusters, struc
     twice = _partition_fit(np.concatenate([X, X]), n_clusters).labels_
     np.testing.assert_array_equal(twice[:len(X)], twice[len(X):])
     assert adjusted_rand_score(ref.labels_, twice[:len(X)]) == 1.0
+
+
+@FEW
+@given(st.integers(4, 14), st.integers(1, 2), st.sampled_from([None, 2]), st.integers(0, 2**16))
+def test_a_common_integer_shift_leaves_the_translation_partition(n, shift, n_clusters, seed):
+    """Every image moved by the same integer shift, content inside the frame: a symmetry of
+    the translation search, so the partition stays (se2 differs: the reliability page)."""
+    from sklearn.metrics import adjusted_rand_score
+
+    X = random_images((n, 12, 12), seed=seed, border=4).astype(np.float32)
+    params = dict(group="translation", max_translation=1)
+    ref = _partition_fit(X, n_clusters, **params).labels_
+    moved = _partition_fit(np.roll(X, shift, axis=2), n_clusters, **params).labels_
+    assert adjusted_rand_score(ref, moved) == 1.0
 
 
 @FEW

@@ -183,3 +183,15 @@ def test_user_guide_table_is_the_benchmark_json():
     spec.loader.exec_module(bench)
     table = bench.rst_table(json.loads(bench.OUT.read_text()))
     assert table in (root / "docs" / "user_guide" / "convergence.rst").read_text()
+
+
+@pytest.mark.parametrize("shape", [(9, 9), (8, 8), (9, 12), (15, 15)])
+def test_quarter_turns_and_order_do_not_change_the_measure(shape):
+    """An odd side is tiled from both ends, and the halves are dealt in the content's order,
+    so a quarter turn or a mirror of every image, or another order, measures the same."""
+    rng = np.random.default_rng(sum(shape))
+    X = (rng.random((300, 1, *shape)) + 0.2 * rng.standard_normal((300, 1, *shape)))
+    X = X.astype(np.float32)
+    ref = estimate_noise_std(X)
+    for moved in (np.rot90(X, 1, axes=(2, 3)), X[..., ::-1], X[rng.permutation(300)]):
+        assert estimate_noise_std(np.ascontiguousarray(moved)) == pytest.approx(ref, rel=1e-9)
