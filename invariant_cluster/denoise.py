@@ -294,9 +294,9 @@ Measured on the 2,000 digits above (seeds 0-2, purity of the samples' kNN graph 
 The noise is measured by :func:`estimate_noise_std`: the smaller of Donoho and Johnstone's
 median absolute deviation of the diagonal Haar detail of every 2 x 2 block (0.306, 0.505, 0.805
 for noise of 0.3, 0.5, 0.8 on those digits) and the power of the quietest band of the highest
-frequencies (issue 40: the Haar detail reads the edges of 8 x 8 images). Images whose background
-is flat measure 0 (clean MNIST digits: exactly 0, and the filter is then the identity) or nearly
-0 (Fashion-MNIST: 0.006, a change of 0.04% of the images' norm)."""
+frequencies (the Haar detail alone reads the edges of 8 x 8 images as noise). Images whose
+background is flat measure 0 (clean MNIST digits: exactly 0, and the filter is then the
+identity) or nearly 0 (Fashion-MNIST: 0.006, a change of 0.04% of the images' norm)."""
 
 
 def _image_tensor(X) -> torch.Tensor:
