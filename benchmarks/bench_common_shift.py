@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 from _common import RESULTS, environment, load_mnist_test
@@ -65,6 +66,9 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=500)
     p.add_argument("--out", default=str(RESULTS / "common_shift.json"))
+    p.add_argument("--ways", nargs="+", default=list(WAYS), choices=list(WAYS))
+    p.add_argument("--append", action="store_true",
+                   help="keep the rows already in --out (same --n) and run only the others")
     args = p.parse_args()
     X_all, y_all = load_mnist_test()
     X, _ = make_transformed(X_all[:args.n], max_rotation=180, random_state=0)
@@ -72,8 +76,16 @@ def main():
     X = np.pad(np.asarray(X, np.float32), ((0, 0), (4, 4), (4, 4)))
     y = y_all[:args.n]
     rows = []
-    for name, params in WAYS.items():
+    if args.append and Path(args.out).is_file():
+        old = json.loads(Path(args.out).read_text())
+        if old.get("n") == args.n:
+            rows = old["rows"]
+    done = {(r["way"], r["shift"]) for r in rows}
+    for name in args.ways:
+        params = WAYS[name]
         for s in (1, 2):
+            if (name, s) in done:
+                continue
             t0 = time.perf_counter()
             kw = params(s)
             A, B = X, np.roll(X, s, axis=2)
@@ -102,6 +114,12 @@ def main():
             row["seconds"] = time.perf_counter() - t0
             rows.append(row)
             print(json.dumps(row), flush=True)
+            _write(args, rows)  # after every row: a long run keeps what it measured
+
+
+def _write(args, rows):
+    order = {w: i for i, w in enumerate(WAYS)}
+    rows = sorted(rows, key=lambda r: (order[r["way"]], r["shift"]))
     out = {"benchmark": "common_shift", "n": args.n,
            "command": f"python benchmarks/bench_common_shift.py --n {args.n}",
            "environment": environment(), "rows": rows}
