@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 
 from invariant_cluster import RadialWiener
 from invariant_cluster.datasets import load_digits_images
 from invariant_cluster.denoise import estimate_noise_std
+
+_cache: dict = {}
 
 _ENV = os.environ.get("INVARIANT_CLUSTER_DATA")
 DATA = (Path(_ENV.split(os.pathsep)[0]) if _ENV
@@ -37,27 +37,25 @@ SIGMAS = (0.05, 0.1, 0.2, 0.4, 0.8)
 N = 500
 
 
+def _bench():
+    """``benchmarks/bench_noise_estimate.py`` as a module: its data makers and its table."""
+    import importlib.util
+
+    if "bench" not in _cache:
+        root = Path(__file__).resolve().parents[1]
+        spec = importlib.util.spec_from_file_location(
+            "bench_noise_estimate", root / "benchmarks" / "bench_noise_estimate.py")
+        _cache["bench"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_cache["bench"])
+    return _cache["bench"]
+
+
 def _resize(X, size):
-    t = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))[:, None]
-    return F.interpolate(t, size=(size, size), mode="bilinear", antialias=True,
-                         align_corners=False)[:, 0].numpy()
+    return _bench().resize(np.ascontiguousarray(X, dtype=np.float64), size)
 
 
 def _ellipses(n, size=64, seed=0):
-    """Smooth shapes: 1-3 ellipses per image with logistic edges about one pixel wide."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[:size, :size].astype(np.float64)
-    X = np.zeros((n, size, size))
-    for i in range(n):
-        for _ in range(int(rng.integers(1, 4))):
-            cy, cx = rng.uniform(size / 4, 3 * size / 4, 2)
-            a, b = rng.uniform(size / 16, size / 4.5, 2)
-            th = rng.uniform(0, np.pi)
-            u = (yy - cy) * np.cos(th) + (xx - cx) * np.sin(th)
-            v = -(yy - cy) * np.sin(th) + (xx - cx) * np.cos(th)
-            X[i] += rng.uniform(0.4, 1.0) / (1.0 + np.exp((np.hypot(u / a, v / b) - 1.0)
-                                                          * min(a, b)))
-    return np.clip(X, 0.0, 1.0)
+    return _bench().ellipses(n, size, seed)
 
 
 def _mnist(n=N):
@@ -80,7 +78,6 @@ SETS = {
     "MNIST 28": _mnist,
     "MNIST 28 -> 64": lambda: _resize(_mnist(), 64),
 }
-_cache: dict = {}
 
 
 def _clean(name, make):
@@ -173,15 +170,11 @@ def test_bad_method_names_the_argument(bad):
 
 
 def test_user_guide_table_is_the_benchmark_json():
-    import importlib.util
     import json
 
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location(
-        "bench_noise_estimate", root / "benchmarks" / "bench_noise_estimate.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench()
     table = bench.rst_table(json.loads(bench.OUT.read_text()))
+    root = Path(__file__).resolve().parents[1]
     assert table in (root / "docs" / "user_guide" / "convergence.rst").read_text()
 
 
