@@ -14,6 +14,8 @@ same partition.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from scipy.sparse import coo_matrix
@@ -27,27 +29,31 @@ from scipy.sparse.csgraph import connected_components
 DUPLICATE_TOL = 1e-2
 
 
-def content_keys(flat):
-    """Two fixed random projections (float64) of each row of ``flat`` ``(n, F)`` (an array or a
-    tensor on any device): of its values sorted, which no permutation of the pixels changes (a
-    quarter turn, an integer shift of content inside the frame), and of the row itself."""
-    direction = np.random.RandomState(0).standard_normal(flat.shape[1])
+def content_keys(flat, rows=None):
+    """Two fixed random projections (float64) of each row of ``flat`` ``(n, ...)`` (an array or
+    a tensor on any device; each row flattened), or of the rows ``rows`` of it: of its values
+    sorted, which no permutation of the pixels changes (a quarter turn, an integer shift of
+    content inside the frame), and of the row itself."""
+    direction = np.random.RandomState(0).standard_normal(math.prod(flat.shape[1:]))
+    n = flat.shape[0] if rows is None else len(rows)
     invariant, raw = [], []
     # in blocks: a float64 copy of all the images at once would double the memory
-    for i in range(0, flat.shape[0], 8192):
-        b = flat[i:i + 8192]
-        b = np.asarray(b.cpu() if isinstance(b, torch.Tensor) else b, dtype=np.float64)
+    for i in range(0, n, 8192):
+        b = flat[i:i + 8192] if rows is None else flat[rows[i:i + 8192]]
+        b = np.asarray(b.cpu() if isinstance(b, torch.Tensor) else b,
+                       dtype=np.float64).reshape(len(b), -1)
         raw.append(b @ direction)
         invariant.append(np.sort(b, axis=1) @ direction)
     return np.concatenate(invariant), np.concatenate(raw)
 
 
-def canonical_order(flat) -> np.ndarray:
-    """The order of :func:`unique_in_canonical_order` of distinct rows ``flat`` ``(n, F)``
-    (an array or a tensor on any device): by the projection of the sorted values, then of the
-    row. A permutation of the pixels of every image (turning or shifting the whole data set by
-    an element of the search grid) leaves the order, and so the fit, as it was."""
-    invariant, raw = content_keys(flat)
+def canonical_order(flat, rows=None) -> np.ndarray:
+    """The order of :func:`unique_in_canonical_order` of distinct rows ``flat`` ``(n, ...)``
+    (an array or a tensor on any device), or of its rows ``rows`` (positions in ``rows``): by
+    the projection of the sorted values, then of the row. A permutation of the pixels of every
+    image (turning or shifting the whole data set by an element of the search grid) leaves the
+    order, and so the fit, as it was."""
+    invariant, raw = content_keys(flat, rows)
     return np.lexsort((raw, invariant))
 
 
@@ -72,7 +78,7 @@ def unique_in_canonical_order(X2: np.ndarray):
         same[i:j] = (flat[order[i:j]] == flat[order[i - 1:j - 1]]).all(1)
     run = np.cumsum(~same) - 1
     byte_first = order[~same]  # the first of each run of equal rows, in byte order
-    rank_order = canonical_order(flat[byte_first])
+    rank_order = canonical_order(flat, byte_first)
     rank = np.empty_like(rank_order)
     rank[rank_order] = np.arange(len(rank_order))
     inverse = np.empty(n, dtype=np.int64)

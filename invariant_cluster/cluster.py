@@ -405,7 +405,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                 self._filtered(Xu)
                 # in the order of the filtered images' own content, as a fit of them with the
                 # filter off takes them: the default fit is that fit (the order sets ties)
-                order = canonical_order(Xu.reshape(len(first), -1))
+                order = canonical_order(Xu)
                 Xu = Xu[torch.as_tensor(order, device=dev)]
                 first, rank = first[order], np.empty_like(order)
                 rank[order] = np.arange(len(order))

@@ -39,7 +39,7 @@ from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from ._duplicates import content_keys
+from ._duplicates import canonical_order
 from ._estimator import ImageInputMixin
 from ._utils import evenly_spaced_indices, to_tensor
 
@@ -359,13 +359,10 @@ def _quiet_band(means: np.ndarray, values: np.ndarray) -> int:
 
 def _halves(X: torch.Tensor, rows: torch.Tensor):
     """``rows`` of ``X`` ``(n, C, H, W)`` dealt alternately into two halves in the content's
-    canonical order (``_duplicates.canonical_order``): set by the
-    images, not by the order of the samples, where copies are stored, or a quarter turn of
-    them all."""
-    keys = [content_keys(X[rows[start:start + _FILTER_BLOCK]].reshape(-1, X[0].numel()))
-            for start in range(0, len(rows), _FILTER_BLOCK)]
-    invariant, raw = (np.concatenate(k) for k in zip(*keys))
-    order = rows[torch.as_tensor(np.lexsort((raw, invariant)), device=rows.device)]
+    canonical order (``_duplicates.canonical_order``): set by the images, not by the order of
+    the samples, where copies are stored, or a quarter turn of them all."""
+    order = canonical_order(X, rows)
+    order = rows[torch.as_tensor(order, device=rows.device)]
     return order[0::2], order[1::2]
 
 
