@@ -193,8 +193,7 @@ def load_input(path, labels=None, image_shape=None):
         under ``y`` or ``target``), an MRC stack (``.mrcs``/``.mrc``, see
         :func:`~invariant_cluster.datasets.load_mrc`), an IDX file (``*-idx3-ubyte[.gz]``; any
         other name is read by what its first bytes announce: NumPy, zip, MRC, else IDX) or a
-        folder of PNG/JPEG images of one size (read as grey
-        levels, sorted by file name).
+        folder of PNG/JPEG images of one size (read as grey levels, sorted by file name).
     labels : str or Path, optional
         Labels: ``.npy``, ``.npz``, ``.csv``/``.txt`` (one per line) or IDX.
     image_shape : tuple of int, optional
