@@ -1,69 +1,135 @@
-"""The approximate shortlist: pynndescent's graph search instead of comparing every pair.
+"""The approximate shortlist: an inverted-file index (faiss) instead of comparing every pair.
 
 :func:`~invariant_cluster.search.shortlist.shortlist` compares every query descriptor with every
 key descriptor (``n_x n_y U V d`` multiply-adds: quadratic in ``n``). Beyond
 ``_memory.APPROXIMATE_MIN_KEYS`` keys the shortlist instead
 
-1. indexes every key copy with pynndescent (NN-descent, a kNN graph of the copies built in about
-   ``O(n^1.1)``), and
-2. searches that graph for the ``kq`` nearest key copies of every query copy, on every core,
-   with an answer of each query's own (:mod:`._graph_query`: pynndescent's own queries run one
-   after another),
+1. partitions the key copies into ``nlist`` cells by k-means and files each copy in its cell
+   (faiss's ``IndexIVFFlat``: exact distances within a cell, no quantisation),
+2. searches the ``nprobe`` cells nearest to every query copy for its ``kq`` nearest key copies,
 3. keeps per key the smallest distance over its copies, then the ``n_candidates`` nearest keys.
 
-Rows for which the graph search found fewer distinct keys than asked fall back to the exact
-blocked shortlist, row by row, so the contract of ``shortlist`` holds: ``n_candidates`` distinct
-keys per query, nearest first.
+Rows for which the search found fewer distinct keys than asked are asked again with more
+entries, then fall back to the exact blocked shortlist, row by row, so the contract of
+``shortlist`` holds: ``n_candidates`` distinct keys per query, nearest first.
+
+faiss ships compiled code (nothing is compiled on first use) and is used through its public
+API only. Its k-means is seeded by ``random_state`` and the search is exact within the probed
+cells and parallel over queries, so the shortlist is the same from run to run and for any
+number of threads. faiss runs on torch's thread count (``torch.get_num_threads()``); its
+OpenMP setting is put back afterwards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-import warnings
 
 import numpy as np
 import torch
 
-from .._heap import release, suspended
+from .._heap import release
 from .._progress import progress_bar
-from .._third_party import import_cached
 
 __all__ = ["approximate_shortlist"]
 
-# Maintenance note: measured on 10,000 Fashion-MNIST test images (+-15 degrees, 7 angles, +-1 px:
-# 9 query copies, 3 key copies) and 10,000 MNIST test digits rotated within +-45 degrees (+-60
-# degrees, 24 angles: 9 rotations moved onto the queries, 1 key copy), k = 15, 1,000 queries
-# checked against every key: about 4.5 c graph entries per query (kq = 4.5 c / copies) keep the
-# recall of the exact descriptor shortlist (Fashion 0.977 with c = 96 and kq = 48, MNIST 0.960
-# with c = 64 and kq = 30, equal to the exact shortlist's 0.961); 3 c entries (kq = 30) lost
-# 0.01-0.02 on Fashion. The search epsilon is pynndescent's usual value. The index degree is 20
-# (pynndescent's usual 30 before): on the 70,000 Fashion-MNIST images (210,000 key copies) the
-# index was built in 8.4 s instead of 14.6 s, and the shortlists of 2,000 queries held 0.8996
-# of the exact descriptor shortlist's 96 keys instead of 0.9004.
-_ENTRIES_PER_CANDIDATE = 4.5
-_INDEX_NEIGHBORS = 20
-_QUERY_EPSILON = 0.1
+# Maintenance note: an inverted file of about 2 sqrt(N) cells for N key copies, 8 of them
+# searched per query copy, each query copy asking for about 9 m / U key copies. Measured on
+# Fashion-MNIST (+-15 degrees, 7 angles, +-1 px: 9 query copies, 3 key copies, m = 96) against
+# the exact descriptor shortlist and pynndescent's graph, and against faiss's HNSW, whose
+# multi-threaded build is not reproducible: benchmarks/bench_shortlist.py,
+# results/shortlist_faiss.json. Half the entries (4.5 m / U) cap the recall near 0.92 even
+# with every cell searched: the copies of a query find the same keys. The cells searched
+# hold at least about _MIN_SCANNED key copies: a small index (tests) is searched more widely,
+# which unstructured data needs (Gaussian noise, d = 16, 1,500 copies in 38 cells: 8 cells
+# recalled 0.84 of the exact top-10, 26 cells 0.997).
+_ENTRIES_PER_CANDIDATE = 9.0
+_CELLS_PER_SQRT = 2.0
+_PROBES = 8
+_MIN_SCANNED = 1024
+# k-means samples at most this many key copies per cell (faiss's own default is 256)
+_TRAIN_PER_CELL = 64
+# entries (query copies x kq) searched per block: bounds the search's temporary memory
+_BLOCK_ENTRIES = 1 << 22
 
-
-# rows short of distinct keys are asked again with this many times the graph entries, twice
+# rows short of distinct keys are asked again with this many times the entries, twice
 _REQUERY_GROWTH = (3, 3)
 
 
-def _distinct_keys(index, queries, kq, U, V, m, exclude, n_keys, seed=0):
-    """The ``m`` nearest distinct keys of each query found by a graph search of ``index`` with
-    ``kq`` entries per query copy: ``(keys (n_x, m), rows short of m distinct keys)``."""
-    from ._graph_query import distinct_keys, query  # numba: imported after pynndescent
+@contextlib.contextmanager
+def _faiss_threads(n):
+    """faiss on ``n`` OpenMP threads for the duration of the block, put back afterwards
+    (``omp_set_num_threads`` is process-wide)."""
+    import faiss
 
-    found, dist = query(index, queries, kq, epsilon=_QUERY_EPSILON, seed=seed,
-                        n_threads=torch.get_num_threads())
-    out, short = distinct_keys(found, dist, U, V, m, n_keys,
-                               None if exclude is None else exclude.numpy())
-    return torch.from_numpy(out), torch.from_numpy(short)
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(max(1, int(n)))
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+def _build_index(keys: np.ndarray, random_state=0):
+    """An ``IndexIVFFlat`` of the rows of ``keys`` (float32, C-contiguous) with its ``nprobe``
+    set (see the note above)."""
+    import faiss
+
+    n, d = keys.shape
+    nlist = int(max(1, min(n // 39, round(_CELLS_PER_SQRT * math.sqrt(n)))))
+    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, nlist, faiss.METRIC_L2)
+    index.cp.seed = int(random_state) % (2 ** 31)
+    index.cp.max_points_per_centroid = _TRAIN_PER_CELL
+    index.train(keys)
+    index.add(keys)
+    index.nprobe = int(min(nlist, max(_PROBES, math.ceil(_MIN_SCANNED * nlist / n))))
+    return index
+
+
+def _distinct_keys(index, queries, kq, U, V, m, exclude):
+    """The ``m`` nearest distinct keys of each query (``U`` consecutive rows of ``queries``)
+    among the ``kq`` nearest key copies (key ``i // V``) of each of its copies, leaving out
+    ``exclude[query]``: ``(keys (n_x, m) long, -1 where missing; rows short of m keys)``."""
+    n_x = queries.shape[0] // U
+    out = torch.full((n_x, m), -1, dtype=torch.long)
+    step = max(1, _BLOCK_ENTRIES // (U * kq))
+    for q0 in range(0, n_x, step):
+        q1 = min(n_x, q0 + step)
+        D, Ind = index.search(queries[q0 * U:q1 * U], kq)
+        ex = None if exclude is None else exclude[q0:q1]
+        out[q0:q1] = _reduce(torch.from_numpy(D), torch.from_numpy(Ind), U, V, m, ex)
+    return out, torch.nonzero(out[:, -1] < 0).flatten()
+
+
+def _reduce(D, Ind, U, V, m, exclude):
+    """Per query, the ``m`` keys of its smallest distances over its ``U`` copies' entries
+    (``D``, ``Ind`` of shape ``(b U, kq)``, -1 where missing), nearest first; -1 where fewer."""
+    b = D.shape[0] // U
+    key = torch.div(Ind.reshape(b, -1), V, rounding_mode="floor")  # -1 stays -1
+    dist = D.reshape(b, -1).clone()
+    bad = key < 0
+    if exclude is not None:
+        bad |= key == exclude[:, None]
+    dist[bad] = math.inf
+    # nearest first (stable: ties keep faiss's order), then each key's first entry
+    dist, order = torch.sort(dist, dim=1, stable=True)
+    key = key.gather(1, order)
+    by_key, pos = torch.sort(key, dim=1, stable=True)
+    first = torch.ones_like(by_key, dtype=torch.bool)
+    first[:, 1:] = by_key[:, 1:] != by_key[:, :-1]
+    first &= torch.isfinite(dist.gather(1, pos))
+    width = key.shape[1]
+    rank = torch.where(first, pos, torch.full_like(pos, width))
+    rank = rank.sort(1).values[:, :m]
+    if rank.shape[1] < m:
+        rank = torch.cat([rank, rank.new_full((b, m - rank.shape[1]), width)], 1)
+    found = rank < width
+    return torch.where(found, key.gather(1, rank.clamp(max=width - 1)), -1)
 
 
 def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *,
                           exclude=None, random_state=0, batch_size=None) -> torch.Tensor:
-    """:func:`~invariant_cluster.search.shortlist.shortlist` by an approximate graph search.
+    """:func:`~invariant_cluster.search.shortlist.shortlist` by an approximate index search.
 
     Parameters
     ----------
@@ -77,7 +143,7 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
     exclude : torch.Tensor of shape (n_x,), optional
         A key index to leave out for each query.
     random_state : int, default=0
-        Seeds pynndescent's random projection trees.
+        Seeds the k-means of faiss's inverted file.
     batch_size : int, optional
         Queries per block of the exact fallback.
 
@@ -93,42 +159,34 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
     n_y, V = Yd.shape[:2]
     device = Xd.device
     n_index = n_y * V
-    # graph entries per query copy: ~4.5 m per query over its U copies (at most 2 m per copy)
-    kq = int(max(1, min(n_index - 1, 2 * m, math.ceil(_ENTRIES_PER_CANDIDATE * m / U))))
-    pynndescent = import_cached("pynndescent")
+    # entries per query copy: ~9 m per query over its U copies (at most 2 m per copy)
+    kq = int(max(1, min(n_index, 2 * m, math.ceil(_ENTRIES_PER_CANDIDATE * m / U))))
     keys = np.ascontiguousarray(Yd.reshape(n_index, d).detach().cpu().numpy(), np.float32)
     queries = np.ascontiguousarray(Xd.reshape(n_x * U, d).detach().cpu().numpy(), np.float32)
-    with warnings.catch_warnings(), progress_bar(2, "approximate shortlist", "step") as bar, \
-            suspended():  # numba's own allocations: glibc's usual thresholds (see _heap)
-        # numba's notes on what it could not cache or parallelise are not the user's business
-        warnings.simplefilter("ignore")
+    ex = None if exclude is None else exclude.cpu().long()
+    with _faiss_threads(torch.get_num_threads()), \
+            progress_bar(2, "approximate shortlist", "step") as bar:
         bar.set_postfix_str(f"indexing {n_index} key copies")
-        index = pynndescent.NNDescent(keys, n_neighbors=min(_INDEX_NEIGHBORS, n_index - 1),
-                                      random_state=random_state,
-                                      n_jobs=torch.get_num_threads(), low_memory=True)
+        index = _build_index(keys, random_state)
         bar.update()
         bar.set_postfix_str(f"querying {n_x * U} query copies")
-        ex = None if exclude is None else exclude.cpu()
-        out, short = _distinct_keys(index, queries, kq, U, V, m, ex, n_y, random_state)
+        out, short = _distinct_keys(index, queries, kq, U, V, m, ex)
         # rows whose copies found the same keys again and again: asked again, with more
-        # entries per copy (on 20,000 Fashion-MNIST images, 1,950 rows, which the exact
-        # fallback below took 5.6 s to serve; 21 s at 70,000)
+        # entries per copy
         for grow in _REQUERY_GROWTH:
-            if not short.numel() or kq >= n_index - 1:
+            if not short.numel() or kq >= n_index:
                 break
-            kq = int(min(n_index - 1, kq * grow))
+            kq = int(min(n_index, kq * grow))
             rows = queries.reshape(n_x, U, d)[short.numpy()].reshape(-1, d)
             again, still = _distinct_keys(index, rows, kq, U, V, m,
-                                          None if ex is None else ex[short], n_y,
-                                          random_state)
+                                          None if ex is None else ex[short])
             out[short] = again
             short = short[still]
         bar.update()
     del index
     release()
-    if short.numel():  # the graph search came back with too few distinct keys: search exactly
+    if short.numel():  # the index search came back with too few distinct keys: search exactly
         ex = None if exclude is None else exclude.to(device)[short.to(device)]
         out[short] = shortlist(Xd[short.to(device)], Yd, m, exclude=ex,
                                batch_size=batch_size).cpu()
     return out.to(device)
-
