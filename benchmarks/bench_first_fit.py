@@ -8,14 +8,11 @@ scikit-learn's digits in fresh Python processes: twice with the cache switched o
 the compilation), then twice with it on (the first may fill the cache, the second reads it),
 and checks that no "Tensorflow not installed" warning reaches standard error.
 
-From 10,000 keys on, the kNN search builds a pynndescent index, whose NN-descent is compiled on
-first use. It takes its distance as an argument; given as a numba dispatcher that cannot be
-cached, so ``import_cached`` passes it as a function pointer of the same code
-(``_third_party._route_distance_by_pointer``), and runs NN-descent's outer loop, which numba
-cannot cache, from Python. The second part builds the approximate shortlist of 12,000 random
-descriptors (3 copies each) twice in each of four fresh processes: two without that route, two
-with it. Where Fashion-MNIST train + test is installed, it then fits 10,000 of its images twice
-in a fresh process without the route and in one with it.
+From 10,000 keys on, the kNN search builds faiss's inverted file (compiled code shipped with
+faiss: nothing to compile on first use). The second part builds the approximate shortlist of
+12,000 random descriptors (3 copies each) twice in each of two fresh processes; where
+Fashion-MNIST train + test is installed, it then fits 10,000 of its images twice in each of two
+fresh processes.
 
     python benchmarks/bench_first_fit.py
 
@@ -49,21 +46,13 @@ print(json.dumps({"import_s": t1 - t0, "fit_s": time.perf_counter() - t1}))
 """
 
 
-# the children below run without the function-pointer route when given "off"
-NO_ROUTE = r"""
-import sys
-if sys.argv[1] == "off":
-    import invariant_cluster._third_party as tp
-    tp._route_distance_by_pointer = lambda: False
-"""
-
-SHORTLIST_CHILD = NO_ROUTE + r"""
+SHORTLIST_CHILD = r"""
 import json, time
 import torch
 import invariant_cluster.search.approximate as approximate
 queries = []
 distinct_keys = approximate._distinct_keys
-def timed_queries(*args, **kwargs):  # pynndescent's graph queries, timed apart
+def timed_queries(*args, **kwargs):  # the index searches, timed apart
     t = time.perf_counter()
     try:
         return distinct_keys(*args, **kwargs)
@@ -84,7 +73,7 @@ print(json.dumps({"first_s": times[0], "second_s": times[1],
 """
 
 
-FIT_CHILD = NO_ROUTE + r"""
+FIT_CHILD = r"""
 import json, time
 import numpy as np
 from invariant_cluster import InvariantAttentionClusterer
@@ -133,20 +122,20 @@ def main():
         rows.append(row)
         print_table(rows[-1:], ["numba_cache", "import_s", "fit_s", "tensorflow_warning"])
     shortlist_rows = []
-    for route in ("off", "off", "on", "on"):
-        row = {"stage": "approximate shortlist, 12,000 keys x 3 copies", "pointer_route": route,
+    for route in ("1", "2"):
+        row = {"stage": "approximate shortlist, 12,000 keys x 3 copies", "process": route,
                **run_child(SHORTLIST_CHILD, route, env)[0], "loadavg": os.getloadavg()}
         shortlist_rows.append(row)
-        print_table(shortlist_rows[-1:], ["pointer_route", "first_s", "first_queries_s",
+        print_table(shortlist_rows[-1:], ["process", "first_s", "first_queries_s",
                                           "second_s", "second_queries_s", "same_shortlist"])
     fit_rows = []
     if fashion_available():
-        for route in ("off", "on"):
+        for route in ("1", "2"):
             row = {"fit": "10,000 Fashion-MNIST images, the scaling benchmark's parameters",
-                   "pointer_route": route, **run_child(FIT_CHILD, route, env)[0],
+                   "process": route, **run_child(FIT_CHILD, route, env)[0],
                    "loadavg": os.getloadavg()}
             fit_rows.append(row)
-            print_table(fit_rows[-1:], ["pointer_route", "first_fit_s", "second_fit_s",
+            print_table(fit_rows[-1:], ["process", "first_fit_s", "second_fit_s",
                                         "same_labels", "labels_checksum"])
     else:
         print("Fashion-MNIST train + test not found (apt-get install dataset-fashion-mnist): "

@@ -171,7 +171,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         "auto": exact while ``n_samples x`` (grid size) is at most ``4000 x 36``.
     n_candidates : int, optional
         Shortlist length (None: ``max(4 n_neighbors, 64)``; ``max(6 n_neighbors, 96)`` from
-        10,000 images on, where pynndescent's approximate search finds the shortlist, except
+        10,000 images on, where faiss's approximate search finds the shortlist, except
         for the search of the converged means, which keeps ``max(4 n_neighbors, 64)``).
     client : dask.distributed.Client, optional
         Run the alignment searches block by block on a Dask cluster (identical results).

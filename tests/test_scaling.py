@@ -1,4 +1,4 @@
-"""The large-n path: the approximate shortlist (pynndescent) and the progress bars."""
+"""The large-n path: the approximate shortlist (faiss) and the progress bars."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ Layers, bottom up (each module imports only those above it in this list):
   top-``k`` merge) and the exact all-pairs search, local or on Dask blocks;
 - :mod:`.candidates`: the exact search restricted to candidate keys;
 - :mod:`.descriptors` and :mod:`.shortlist`: the descriptor shortlist and ``neighbor_search``;
-- :mod:`.approximate`: the shortlist by pynndescent's graph search, the default from
+- :mod:`.approximate`: the shortlist by faiss's inverted file, the default from
   ``_memory.APPROXIMATE_MIN_KEYS`` keys on;
 - :mod:`.refine`: the continuous refinement of grid alignments;
 - :mod:`.dispatch`: ``exact | shortlist | auto``, the one entry of the estimators' kNN searches.

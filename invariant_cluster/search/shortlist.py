@@ -254,7 +254,7 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
     return_candidates : bool, default=False
         Also return the shortlist.
     approximate : bool, optional
-        Find the shortlist with pynndescent's approximate graph search
+        Find the shortlist with faiss's approximate inverted-file search
         (:func:`~invariant_cluster.search.approximate.approximate_shortlist`, about ``O(n log n)``)
         instead of comparing every query with every key (``O(n^2)``). None: from
         ``_memory.APPROXIMATE_MIN_KEYS`` keys on.
