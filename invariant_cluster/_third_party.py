@@ -32,7 +32,7 @@ def _passes_functions(sig) -> bool:
     while stack:
         t = stack.pop()
         # a first-class function type (a function pointer's signature) is the same in every
-        # process: those specialisations are cached (see _route_distance_by_pointer)
+        # process: those specialisations are cached (a numba cfunc, for example)
         if isinstance(t, (types.Dispatcher, types.Function)):
             return True
         if isinstance(t, types.BaseTuple):
