@@ -451,9 +451,9 @@ def run_fashion(args):
                      **scores(y, lab), "loadavg_after": os.getloadavg()})
 
         def umap_kmeans():
-            from invariant_cluster._third_party import import_cached
+            from invariant_cluster._third_party import import_quietly
 
-            umap = import_cached("umap")
+            umap = import_quietly("umap")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 emb = umap.UMAP(n_components=10, n_neighbors=15, min_dist=0.0,

@@ -28,7 +28,7 @@ import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from ._third_party import import_cached
+from ._third_party import import_quietly
 
 # HDBSCAN's density is the distance to the 2nd nearest embedded point: its default (the minimum
 # cluster size) merged two groups of 3 copies in 15 samples; 1 and 2 gave the same partitions on
@@ -143,7 +143,7 @@ def embed_graph(index: np.ndarray, dist: np.ndarray, random_state,
 
 
 def _umap_embedding(idx, dst, n_components, random_state):
-    umap = import_cached("umap")
+    umap = import_quietly("umap")
 
     n, k = idx.shape
     with warnings.catch_warnings():
@@ -167,33 +167,88 @@ def fuzzy_graph(index: np.ndarray, dist: np.ndarray, random_state=0, calibration
     ``calibration="capped"``: ``(rho_i, sigma_i)`` from :func:`calibrate_bandwidth`, the
     attention's own calibration, whose cap keeps a group smaller than the neighbourhood from
     borrowing weight from other groups (5 groups of 3 copies: Leiden found 3 clusters on
-    umap-learn's graph, 5 on this one). "umap": umap-learn's ``fuzzy_simplicial_set``.
+    umap-learn's graph, 5 on this one). "umap": umap-learn's calibration
+    (:func:`umap_bandwidth`), the graph of its ``fuzzy_simplicial_set``.
     """
     n, k = index.shape
     if calibration == "umap":
-        fuzzy_simplicial_set = import_cached("umap").umap_.fuzzy_simplicial_set
-
-        idx = np.concatenate([np.arange(n)[:, None], index], 1).astype(np.int64)
         dst = np.concatenate([np.zeros((n, 1)), _positive(dist)], 1).astype(np.float32)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            graph, _, _ = fuzzy_simplicial_set(np.zeros((n, 1), np.float32), k + 1,
-                                               np.random.RandomState(random_state),
-                                               "euclidean", knn_indices=idx, knn_dists=dst)
-        return graph.tocsr()
-    from scipy.sparse import csr_matrix
-
+        rho, sigma = umap_bandwidth(dst)
+        d = dst[:, 1:] - rho[:, None]
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            w = np.where((d <= 0) | (sigma[:, None] == 0), np.float32(1.0),
+                         np.exp(-(d / sigma[:, None]))).astype(np.float32)
+        w[index == np.arange(n)[:, None]] = 0.0
+        return _fuzzy_union(w, index)
     from ._iteration import calibrate_bandwidth
 
     d = torch.as_tensor(np.asarray(dist, dtype=np.float64))
     rho, sigma = calibrate_bandwidth(d)
     w = torch.exp(-(d - rho[:, None]).clamp(min=0) / sigma[:, None]).numpy()
+    return _fuzzy_union(w, index)
+
+
+def _fuzzy_union(w: np.ndarray, index: np.ndarray):
+    """The fuzzy union ``W + W^T - W * W^T`` of the directed memberships ``w[i, j]`` of the
+    edges ``i -> index[i, j]``, as a CSR matrix without explicit zeros."""
+    from scipy.sparse import csr_matrix
+
+    n, k = index.shape
     W = csr_matrix((w.ravel(), (np.repeat(np.arange(n), k), index.ravel())), shape=(n, n))
     W.sum_duplicates()
+    W.eliminate_zeros()
     Wt = W.T.tocsr()
     G = (W + Wt - W.multiply(Wt)).tocsr()
     G.eliminate_zeros()
     return G
+
+
+# umap-learn's constants of its bandwidth search (umap/umap_.py)
+_UMAP_TOLERANCE = 1e-5
+_UMAP_MIN_SCALE = 1e-3
+_UMAP_ITERATIONS = 64
+
+
+def umap_bandwidth(dst: np.ndarray):
+    """umap-learn's calibration (``smooth_knn_dist``, ``local_connectivity=1``) of a kNN graph
+    whose ``(n, k + 1)`` distances hold the sample itself (0) in column 0: ``(rho, sigma)``.
+
+    ``rho_i`` is the distance to the nearest other sample, and ``sigma_i`` solves
+    ``sum_j exp(-max(d_ij - rho_i, 0) / sigma_i) = log2(k + 1)`` by the same 64-step bisection
+    in float32, vectorised over the samples: the default grouping needs no compiled code of
+    umap-learn (``tests/test_grouping.py`` checks it against umap-learn's).
+    """
+    dst = np.asarray(dst, dtype=np.float32)
+    n, width = dst.shape
+    target = np.float32(np.log2(width))
+    pos = dst > 0
+    has = pos.any(1)
+    rho = np.where(has, dst[np.arange(n), np.argmax(pos, 1)], 0).astype(np.float32)
+    big = np.float32(np.finfo(np.float32).max)
+    lo = np.zeros(n, np.float32)
+    hi = np.full(n, big, np.float32)
+    mid = np.ones(n, np.float32)
+    active = np.ones(n, dtype=bool)
+    R = dst[:, 1:] - rho[:, None]
+    for _ in range(_UMAP_ITERATIONS):
+        rows = np.flatnonzero(active)
+        if not rows.size:
+            break
+        r, m = R[rows], mid[rows]
+        psum = np.where(r > 0, np.exp(-(r / m[:, None])), np.float32(1.0)).sum(
+            1, dtype=np.float32)
+        close = np.abs(psum - target) < _UMAP_TOLERANCE
+        above = psum > target
+        l_, h_ = lo[rows], hi[rows]
+        h_ = np.where(above, m, h_)
+        l_ = np.where(above, l_, m)
+        m = np.where(above | (h_ < big), (l_ + h_) / np.float32(2.0), m * np.float32(2.0))
+        keep = ~close
+        lo[rows[keep]], hi[rows[keep]], mid[rows[keep]] = l_[keep], h_[keep], m[keep]
+        active[rows[close]] = False
+    floor = np.where(rho > 0, dst.mean(1, dtype=np.float32), dst.mean(dtype=np.float32))
+    sigma = np.maximum(mid, np.float32(_UMAP_MIN_SCALE) * floor).astype(np.float32)
+    return rho, sigma
 
 
 # Maintenance note (RESOLUTION_SEARCH_NOTE): the resolution giving ``n_clusters`` parts is
@@ -404,7 +459,7 @@ SPECTRAL_MAX_PARTS = 1000
 
 def embed_fuzzy_graph(graph, random_state, n_components: int = 10) -> np.ndarray:
     """umap-learn's layout (``min_dist=0``) of a given fuzzy graph, e.g. a union of two."""
-    umap_ = import_cached("umap").umap_
+    umap_ = import_quietly("umap").umap_
     find_ab_params, simplicial_set_embedding = umap_.find_ab_params, umap_.simplicial_set_embedding
 
     n = graph.shape[0]
@@ -529,11 +584,26 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
         return _cluster_embedding(emb, n_clusters, random_state), graph, rule
     labels = leiden(G, n_clusters, random_state)
     if n_clusters is not None and int(labels.max()) + 1 != n_clusters:
-        # no resolution gives n_clusters parts (e.g. more connected components than that):
-        # k-means on the layout of the same graph
-        labels = _cluster_embedding(embed_fuzzy_graph(G, random_state), n_clusters,
-                                    random_state)
+        # no resolution gives n_clusters parts (e.g. more connected components than that)
+        labels = spectral_labels(G, n_clusters, random_state)
     return labels, graph, rule
+
+
+def spectral_labels(graph, n_clusters: int, random_state) -> np.ndarray:
+    """k-means on the spectral embedding of a fuzzy graph (scikit-learn's
+    ``spectral_embedding``, the normalised Laplacian's first ``n_clusters`` eigenvectors):
+    spectral clustering, for a graph on which no Leiden resolution gives ``n_clusters`` parts.
+    """
+    from sklearn.cluster import KMeans
+    from sklearn.manifold import spectral_embedding
+
+    n = graph.shape[0]
+    n_components = int(max(1, min(n_clusters, n - 1)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Graph is not fully connected"
+        emb = spectral_embedding(graph, n_components=n_components, drop_first=False,
+                                 random_state=random_state)
+    return KMeans(int(n_clusters), n_init=10, random_state=random_state).fit_predict(emb)
 
 
 def _means_graph(index_means, dist_means, random_state):

@@ -87,7 +87,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         when there is one, else Leiden's resolution is searched until the partition
         has ``n_clusters`` parts of at least 2% of ``n_samples / n_clusters`` samples each (a
         smaller part, such as a pair of near-copies, joins the part it is most strongly
-        joined to; k-means on umap-learn's layout of the same graph if no resolution gives
+        joined to; spectral clustering of the same graph if no resolution gives
         them); with ``grouping="umap"`` it runs k-means on umap-learn's 10-D
         layout of the graph (``min_dist=0``). None with "umap": HDBSCAN on the layout (the
         smallest cluster holds 1% of the samples, at least 3; samples HDBSCAN calls noise join
@@ -148,7 +148,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         "leiden": Leiden (leidenalg, RB configuration model) on the fuzzy graph
         ``w_ij = exp(-max(d_ij - rho_i, 0) / sigma_i)`` with the attention's own calibration,
         made symmetric by the fuzzy union. "umap": umap-learn's layout and k-means (or
-        HDBSCAN), the grouping of earlier versions.
+        HDBSCAN), the grouping of earlier versions; it needs the optional umap-learn
+        (``pip install "invariant_cluster[umap]"``), which compiles its code in the first
+        process that uses it.
     max_iter : int, default=300
     tol : float, default=1e-3
         "fixed": converged when the largest move of a mean relative to its bandwidth,

@@ -459,3 +459,71 @@ def test_bad_noise_std_names_the_argument(bad):
     X, _, _ = _noisy_figure2(2, 4, 0.1, seed=1)
     with pytest.raises((ValueError, TypeError), match="noise_std"):
         InvariantAttentionClusterer(noise_std=bad).fit(X)
+
+
+@pytest.mark.parametrize("n_pairs", [40, 1700])
+def test_spectral_labels_of_a_graph_in_more_parts_than_asked(n_pairs):
+    # the fallback when no Leiden resolution reaches n_clusters: every pair stays whole and the
+    # asked count comes back, with no compiled code of umap-learn
+    from scipy.sparse import csr_matrix
+
+    from invariant_cluster._grouping import spectral_labels
+
+    n = 2 * n_pairs
+    rows = np.arange(n)
+    G = csr_matrix((np.ones(n), (rows, rows ^ 1)), shape=(n, n))
+    labels = spectral_labels(G, 7, 0)
+    assert len(np.unique(labels)) == 7
+    assert np.array_equal(labels[0::2], labels[1::2])
+
+
+def test_spectral_labels_of_connected_blocks():
+    # three dense blocks joined by weak edges: spectral clustering finds the blocks
+    from scipy.sparse import csr_matrix
+
+    from invariant_cluster._grouping import spectral_labels
+
+    blocks = np.repeat(np.arange(3), [10, 25, 7])
+    W = (blocks[:, None] == blocks[None, :]).astype(float) + 0.01
+    np.fill_diagonal(W, 0)
+    labels = spectral_labels(csr_matrix(W), 3, 0)
+    assert adjusted_rand_score(blocks, labels) == 1.0
+
+
+def _knn_of(X, k):
+    from sklearn.neighbors import NearestNeighbors
+
+    n = X.shape[0]
+    d, i = NearestNeighbors(n_neighbors=k + 1).fit(X).kneighbors(X)
+    keep = i != np.arange(n)[:, None]
+    keep[keep.sum(1) > k, -1] = False  # a row whose self was not returned first
+    return i[keep].reshape(n, k), d[keep].reshape(n, k)
+
+
+@pytest.mark.parametrize("n, k, kind", [(50, 5, "gauss"), (300, 15, "gauss"),
+                                        (1000, 10, "copies"), (2000, 30, "ties")])
+def test_umap_calibration_is_umap_learns(n, k, kind):
+    """The default grouping's umap calibration (ours, vectorised) gives umap-learn's
+    ``fuzzy_simplicial_set`` graph: the same edges, weights within float32 rounding."""
+    umap_ = pytest.importorskip("umap.umap_")
+    import warnings
+
+    from invariant_cluster._grouping import _positive, fuzzy_graph
+
+    rng = np.random.default_rng(n)
+    X = rng.normal(size=(n, 8)).astype(np.float32)
+    if kind == "copies":
+        X[n // 2:] = X[:n // 2]
+    if kind == "ties":
+        X = np.round(X)
+    idx, dist = _knn_of(X, k)
+    ours = fuzzy_graph(idx, dist, 0, calibration="umap")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs, _, _ = umap_.fuzzy_simplicial_set(
+            np.zeros((n, 1), np.float32), k + 1, np.random.RandomState(0), "euclidean",
+            knn_indices=np.concatenate([np.arange(n)[:, None], idx], 1).astype(np.int64),
+            knn_dists=np.concatenate([np.zeros((n, 1)), _positive(dist)], 1).astype(np.float32))
+    theirs = theirs.tocsr()
+    assert ((ours != 0) != (theirs != 0)).nnz == 0
+    assert abs(ours - theirs).max() < 1e-5
