@@ -41,8 +41,9 @@ def child(n, data):
     import numpy as np
 
     from invariant_cluster import InvariantAttentionClusterer
-    from invariant_cluster._memory import estimate_fit_bytes, shortlist_length
+    from invariant_cluster._memory import estimate_fit_bytes
     from invariant_cluster.datasets import load_fashion_mnist
+    from invariant_cluster.search import make_search_plan
 
     try:
         X, _ = load_fashion_mnist(split="all", return_X_y=True)
@@ -55,8 +56,8 @@ def child(n, data):
     X = np.ascontiguousarray(X[:n], dtype=np.float32)
     est = InvariantAttentionClusterer(**PARAMS)
     k = est.n_neighbors
-    c = shortlist_length(est.neighbor_search, est.n_candidates, k, n,
-                         est._grid(refine=False).size)
+    c = make_search_plan(n, n, est._grid(refine=False).size, k, method=est.neighbor_search,
+                         n_candidates=est.n_candidates).n_candidates
     estimate = estimate_fit_bytes(n, X[0].size, k, c) / 2 ** 20
     before = _rss_mb()
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

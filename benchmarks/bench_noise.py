@@ -94,7 +94,12 @@ def stages(X, seed, compare_candidates=None):
         iterate_attention,
     )
     from invariant_cluster.cluster import _search_means
-    from invariant_cluster.search import candidate_search, knn_search, make_search_grid
+    from invariant_cluster.search import (
+        candidate_search,
+        knn_search,
+        make_search_grid,
+        make_search_plan,
+    )
 
     grid = make_search_grid("se2", refine=False, **SEARCH)
     n = len(X)
@@ -120,12 +125,14 @@ def stages(X, seed, compare_candidates=None):
         # the means' graph searched again among all means: the estimator's own search of the
         # union (no pass over the neighbours' neighbours, the shortlist of denoised keys)
         t0 = time.perf_counter()
-        Df, idx_f = _search_means(M, grid, K)
+        Df, idx_f = _search_means(M, grid, K,
+                                  make_search_plan(n, n, grid.size, K, purpose="means"))
         out["t_means_search"] = time.perf_counter() - t0
         if compare_candidates:
             # the same search with the earlier shortlist length, for the comparison row
             t0 = time.perf_counter()
-            Dc, idx_c = _search_means(M, grid, K, n_candidates=compare_candidates)
+            Dc, idx_c = _search_means(M, grid, K, make_search_plan(
+                n, n, grid.size, K, purpose="means", n_candidates=compare_candidates))
             out["t_means_search_compare"] = time.perf_counter() - t0
             out.update(idx_c=idx_c.numpy(),
                        dist_c=Dc.clamp(min=0).sqrt().numpy().astype(np.float64))

@@ -85,7 +85,6 @@ def worker(task):
     """One measurement in this process; returns a dict (arrays saved to task["out"])."""
     import torch
 
-    from invariant_cluster import _memory
     from invariant_cluster.search import (
         approximate,
         grid_search,
@@ -94,6 +93,7 @@ def worker(task):
         shortlist,
         shortlist_descriptors,
     )
+    from invariant_cluster.search.plan import default_n_candidates
 
     if task["backend"] == "faiss-hnsw":
         approximate._build_index = _hnsw
@@ -103,7 +103,7 @@ def worker(task):
     grid = make_search_grid("se2", 15.0, 7, 1, refine=False, image_shape=(1, 28, 28))
     Xt = torch.as_tensor(X)
     own = torch.arange(n)
-    m = _memory.default_n_candidates(K, n)
+    m = default_n_candidates(K, n)
     row = {}
     if kind in ("shortlist", "shortlist_exact"):
         Xd, Yd = shortlist_descriptors(Xt, Xt, grid, rotate="auto")

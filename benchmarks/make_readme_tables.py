@@ -393,29 +393,12 @@ def table_generic(r):
 
 
 def table_first_fit(r):
-    t = md_table(["numba cache", "import (s)", "fit of 300 digits (s)", "TensorFlow warning"],
-                 [[x["numba_cache"], x["import_s"], x["fit_s"], x["tensorflow_warning"]]
-                  for x in r["rows"]])
-    rows = r.get("shortlist_rows")
-    if rows:
-        t += ("\n\nApproximate shortlist of 12,000 keys x 3 copies (pynndescent's index), "
-              "first and second call in each fresh process:\n\n" + md_table(
-                  ["distance by pointer, loop from Python", "first call (s)",
-                   "of which queries", "second call (s)", "of which queries",
-                   "same shortlist", "checksum"],
-                  [[x["pointer_route"], x["first_s"], x.get("first_queries_s"), x["second_s"],
-                    x.get("second_queries_s"), x["same_shortlist"], str(x["checksum"])]
-                   for x in rows]))
-    fits = r.get("fit_rows")
-    if fits:
-        t += ("\n\n`InvariantAttentionClusterer(n_clusters=10, max_rotation=15, n_rotations=7, "
-              "max_translation=1)` on 10,000 Fashion-MNIST images, two fits in each fresh "
-              "process:\n\n" + md_table(
-                  ["distance by pointer, loop from Python", "first fit (s)", "second fit (s)",
-                   "same labels", "labels checksum"],
-                  [[x["pointer_route"], x["first_fit_s"], x["second_fit_s"], x["same_labels"],
-                    str(x["labels_checksum"])] for x in fits]))
-    return t
+    return md_table(
+        ["data", "import (s)", "first fit (s)", "second fit (s)", "first / second",
+         "numba, pynndescent or umap-learn imported", "TensorFlow warning"],
+        [[x["data"], x["import_s"], x["first_fit_s"], x.get("second_fit_s"),
+          x.get("first_over_second"), ", ".join(x.get("imported", [])) or "none",
+          x["tensorflow_warning"]] for x in r["rows"]])
 
 
 def table_count(r):

@@ -1,9 +1,9 @@
 """The memory policy: how many bytes a device has free, whether a request fits, how large a
 block of work may be, and the limits of the backends. Every search and iteration sizes its blocks
 here (never an ``n x n`` array where a block will do); requests that cannot fit fail early with a
-clear message. Every block size and every exact/shortlist threshold of the package is a name of
-this module, read by the search engine (:mod:`invariant_cluster.search`), the warp owner
-(:mod:`invariant_cluster.transforms`) and the estimators.
+clear message. Every block size of the package is a name of this module, read by the search
+engine (:mod:`invariant_cluster.search`), the warp owner (:mod:`invariant_cluster.transforms`)
+and the estimators; which search runs is decided by :mod:`invariant_cluster.search.plan`.
 """
 
 from __future__ import annotations
@@ -37,114 +37,6 @@ REFINE_PAIR_ELEMENTS = SCORE_BLOCK_ELEMENTS // 8
 IDENTITY_CHECK_ELEMENTS = 1 << 24
 # Rows of queries of the softmax KernelPCAAttention.transform at once (a rows x keys block).
 SOFTMAX_QUERY_ROWS = 2048
-
-# ----------------------------------------------------------------------------- exact or shortlist
-# Maintenance note: neighbor_search="auto" searches exactly while n_keys x grid size stays below
-# this (4,000 keys with 36 angles and no shifts), and shortlists beyond. Exact search costs
-# n_queries x n_keys x grid size warped inner products; the shortlist's exact part is linear in
-# n_keys, and the refinement of the kept pairs costs the same in both (at 10,000 MNIST digits
-# the shortlisted graph took 0.67 of the exact one's time: benchmarks/bench_neighbors.py).
-AUTO_EXACT_WORK = 4000 * 36
-# Maintenance note: measured on MNIST (n = 2000, rotated +-45 degrees, with and without +-2 px
-# shifts, 17 and 24 grid angles, k = 32): recall of the exact top-k >= 0.95 needs about 4 k
-# candidates; see benchmarks/bench_scaling.py --recall.
-CANDIDATES_PER_NEIGHBOR = 4
-MIN_CANDIDATES = 64
-# The kNN transformer shortlists for twice as many neighbours (8 k candidates): on 10,000 MNIST
-# test digits rotated over the full circle (n_neighbors = 15, 36 angles) 64 candidates kept 0.943
-# of the exact top-15 and 128 kept 0.973, while the exact search of the candidates is a small
-# part of its time (benchmarks/bench_neighbors.py); the clusterer, whose grouping is robust to
-# a few missed neighbours, keeps 4 k.
-GRAPH_CANDIDATE_FACTOR = 2
-
-
-# Maintenance note: from this many keys on, the default shortlist finds its candidates with
-# faiss's approximate inverted-file search (search/approximate.py) instead of comparing every
-# query with every key, and keeps 6 k (at least 96) of them (these measurements are of the
-# pynndescent graph it replaced). Measured at 10,000 images, 1,000 queries
-# checked against every key (k = 15): Fashion-MNIST (+-15 degrees, 7 angles, +-1 px) recall of
-# the exact top-15 0.977 with 96 approximate candidates (0.943 with 64; the exact descriptor
-# shortlist of 64 holds 0.956), MNIST rotated +-45 degrees (+-60, 24 angles) 0.960 with 64
-# (exact shortlist 0.961). At 70,000 Fashion-MNIST images the exact shortlist took 1,039 s; the
-# approximate one kept only 0.907 of the exact top-15 (500 queries, benchmarks/results/
-# scaling_fashion70k.json), the exact descriptor shortlist 0.914: the descriptors lose them, and
-# the pass over the neighbours' neighbours (HOP_NEIGHBORS) recovers them.
-APPROXIMATE_MIN_KEYS = 10_000
-APPROXIMATE_CANDIDATES_PER_NEIGHBOR = 6
-APPROXIMATE_MIN_CANDIDATES = 96
-
-
-# Maintenance note: a self-search (queries = keys) with a shortlist takes one more pass over the
-# graph it found: the candidates are the HOP_NEIGHBORS nearest neighbours of each query's
-# HOP_NEIGHBORS nearest neighbours, those the shortlist did not hold. On 70,000 Fashion-MNIST
-# images (+-15 degrees, 7 angles, +-1 px, k = 15, 96 candidates; 500 queries checked against
-# every key) the recall of the exact top-15 went from 0.907 to 0.960 with 31 new candidates
-# per query (5 x 5: 0.936 with 7; 15 x 15: 0.973 with 69); 160 descriptor candidates instead
-# of 96 reach 0.959, 256 reach 0.980: the descriptors, not the approximate search, lose them
-# (the exact descriptor shortlist of 96 recalls 0.914).
-HOP_NEIGHBORS = 10
-
-
-def use_approximate_shortlist(n_keys) -> bool:
-    """Whether the default shortlist of ``n_keys`` keys is found by the approximate search."""
-    return int(n_keys) >= APPROXIMATE_MIN_KEYS
-
-
-# Maintenance note: the kNN transformer shortlists max(4 k, 64) keys even where the approximate
-# search finds them (``margin=False``): the larger approximate length (and the pass over the
-# neighbours' neighbours) make up for descriptors of NOISY samples, which the transformer does
-# not need, as it already shortlists for 2 k (see GRAPH_CANDIDATE_FACTOR). Fashion-MNIST train +
-# test, k = 16, the transformer's grid, recall of the exact top-15 on 500 queries: 20,000 images
-# 128 candidates 29.6 s, 0.992, against 192 candidates (max(6 x 32, 96)) 51.6 s, 0.997 (96:
-# 24.5 s, 0.988); 70,000 images 128 candidates 0.970, and the whole fit_transform 176 s in one
-# run, 187 s in bench_scaling's, against 219 s with 192. (The union's search of the converged
-# means takes max(4 k, 64) too: 64 candidates 58 s against 85 s for 96 on the 70,000
-# Fashion-MNIST means, as pure, 0.7923 against 0.7928; see default_means_candidates.)
-
-
-# Maintenance note: the union's search of the converged means (graph="both", cluster.
-# _search_means) shortlists max(4 k, 64) keys, the samples' length without the approximate
-# search's margin. Half of it (max(2 k, 32)) was tried and lost on noisy digits: on the 70,000
-# Fashion-MNIST means (+-15 degrees, 7 angles, +-1 px, k = 15) 32 candidates took 29.7 s against
-# 48.8 s for 64 and the means' graph was as pure (0.7903 of its edges join one class, against
-# 0.7923), but on 10,000 MNIST digits rotated within +-45 degrees with noise sigma 0.5 the
-# default grouping fell from ACC 0.849 to 0.817 (3 seeds, the same run). The 2026-11-24
-# rerun (benchmarks/results/noise_10000.json) gave 0.807 for 64 and 0.819 for 32 at sigma 0.5,
-# 0.631 and 0.615 at 0.8: within the noise of one seed's Leiden partition (up to 0.09), so the
-# choice rests on the recall of the means' exact top-15 (70,000 means, 500 queries: 0.915 for
-# 64, 0.885 for 48).
-def default_means_candidates(k, n_keys) -> int:
-    """The shortlist length of the union's search of the converged means:
-    ``max(4 k, 64)``, at most ``n_keys`` (see the note above)."""
-    return default_n_candidates(k, n_keys, margin=False)
-
-
-def default_n_candidates(k, n_keys, *, margin=True) -> int:
-    """The shortlist length used when none is given: ``max(4 k, 64)``, at most ``n_keys``;
-    ``max(6 k, 96)`` where the approximate search finds the shortlist and ``margin``."""
-    if use_approximate_shortlist(n_keys) and margin:
-        per, least = APPROXIMATE_CANDIDATES_PER_NEIGHBOR, APPROXIMATE_MIN_CANDIDATES
-    else:
-        per, least = CANDIDATES_PER_NEIGHBOR, MIN_CANDIDATES
-    return int(min(n_keys, max(per * int(k), least)))
-
-
-def use_exact_search(neighbor_search, n_keys, grid_size) -> bool:
-    """Whether ``neighbor_search`` ("auto", "exact" or "shortlist") means the exact search."""
-    if neighbor_search != "auto":
-        return neighbor_search == "exact"
-    return n_keys * grid_size <= AUTO_EXACT_WORK
-
-
-def shortlist_length(neighbor_search, n_candidates, k, n_keys, grid_size) -> int:
-    """Candidates per query that the estimators' kNN search shortlists: 0 for the exact search,
-    else ``n_candidates`` (None: :func:`default_n_candidates`), at least ``k``, at most
-    ``n_keys``, as :func:`~invariant_cluster.search.shortlist.neighbor_search` uses it."""
-    if use_exact_search(neighbor_search, n_keys, grid_size):
-        return 0
-    c = default_n_candidates(k, n_keys) if n_candidates is None else int(n_candidates)
-    return int(min(max(c, int(k)), n_keys))
-
 
 class InsufficientMemoryError(MemoryError, ValueError):
     """A requested computation does not fit in the memory available on its device.

@@ -51,7 +51,7 @@ from ._threads import thread_limit
 from ._utils import resolve_device
 from .barycenters import cluster_means
 from .denoise import RadialWiener
-from .search import all_pairs, candidate_search, knn_search, refine_pairs
+from .search import all_pairs, candidate_search, knn_search, make_search_plan, refine_pairs
 from .transforms import fast_warp
 
 __all__ = ["InvariantAttentionClusterer", "invariant_attention_clustering"]
@@ -382,7 +382,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         # data's size is allocated, for all n samples (the distinct ones are not known yet)
         # and with the filtered copy (the noise is not measured yet)
         k = int(min(self.n_neighbors, n - 1))
-        c = _memory.shortlist_length(self.neighbor_search, self.n_candidates, k, n, grid.size)
+        c = self._plan(n, grid, k, dev).n_candidates
         what = f"InvariantAttentionClusterer.fit on {n} images"
         _memory.check_search(n, n, self.image_shape_, grid, k=k, n_candidates=c,
                              element_size=X2.dtype.itemsize, device=dev, what=what)
@@ -486,10 +486,19 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         self._log(f"done: {self.n_clusters_} clusters in {time.perf_counter() - t0:.1f} s")
         return self
 
+    def _plan(self, n, grid, k, device, *, purpose="samples", n_queries=None):
+        """The search plan of ``n_queries`` (None: ``n``, a self-search) against ``n``
+        images."""
+        return make_search_plan(n if n_queries is None else n_queries, n, grid.size, k,
+                                device=device, method=self.neighbor_search,
+                                n_candidates=self.n_candidates, purpose=purpose,
+                                self_search=n_queries is None)
+
     def _search(self, Xt, grid, k):
-        """The invariant kNN graph of ``Xt`` (each sample left out of its own list)."""
-        return knn_search(Xt, Xt, grid, k, method=self.neighbor_search,
-                          n_candidates=self.n_candidates, batch_size=self.batch_size,
+        """The invariant kNN graph of ``Xt`` (each sample left out of its own list), by the
+        plan recorded in ``search_plan_``."""
+        self.search_plan_ = self._plan(Xt.shape[0], grid, k, Xt.device)
+        return knn_search(Xt, Xt, grid, k, plan=self.search_plan_, batch_size=self.batch_size,
                           exclude=torch.arange(Xt.shape[0], device=Xt.device),
                           client=self.client)
 
@@ -557,9 +566,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                 # the union's means' graph is searched again among ALL means: the denoised
                 # means find neighbours the noisy samples' graph never offered (see
                 # _grouping.UNION_SEARCH_NOTE)
-                Dm, idx_mt = _search_means(M, grid, k, neighbor_search=self.neighbor_search,
-                                           n_candidates=self.n_candidates,
-                                           batch_size=self.batch_size, client=self.client)
+                Dm, idx_mt = _search_means(
+                    M, grid, k, self._plan(M.shape[0], grid, k, M.device, purpose="means"),
+                    batch_size=self.batch_size, client=self.client)
                 idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
             if graph == "means":
                 Dg = Dm
@@ -630,8 +639,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         k = int(min(self.n_neighbors, len(fit_X)))
         with thread_limit(self.n_jobs), torch.no_grad():
             Xq = self._filtered(self._tensor(X2.astype(fit_X.dtype, copy=False), dev))
-            _, idx, _ = knn_search(Xq, self._tensor(fit_X, dev), self._grid(refine=False), k,
-                                   method=self.neighbor_search, n_candidates=self.n_candidates,
+            grid = self._grid(refine=False)
+            plan = self._plan(len(fit_X), grid, k, dev, n_queries=Xq.shape[0])
+            _, idx, _ = knn_search(Xq, self._tensor(fit_X, dev), grid, k, plan=plan,
                                    batch_size=self.batch_size, client=self.client)
         return vote(self.labels_, idx.cpu().numpy())
 
@@ -641,24 +651,17 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         return tags
 
 
-def _search_means(M, grid, k, *, neighbor_search="auto", n_candidates=None, batch_size=None,
-                 client=None):
+def _search_means(M, grid, k, plan, *, batch_size=None, client=None):
     """The kNN graph of the converged means ``M`` among all means, as the union of
     ``graph="both"`` takes it: ``(dist^2, index)``, self left out.
 
-    The estimator's kNN search without the pass over the neighbours' neighbours (it lifts the
-    recall of the noisy samples' graph, 20-30 s at 70,000 images; the means' graph only adds
-    edges to the union, see ``_memory.HOP_NEIGHBORS``) and, with ``n_candidates=None``, the
-    shortlist of ``_memory.default_means_candidates(k, n)``, ``max(4 k, 64)`` keys (the means
-    are denoised; half of that lost on noisy digits, see the note there).
+    ``plan``: the means' search plan (``purpose="means"``: no pass over the neighbours'
+    neighbours, ``max(4 k, 64)`` candidates; see ``search.plan.HOP_NEIGHBORS``).
     ``benchmarks/bench_noise.py`` runs this same search for its union rows.
     """
     n = M.shape[0]
-    if n_candidates is None:
-        n_candidates = _memory.default_means_candidates(k, n)
-    D, idx, _ = knn_search(M, M, grid, k, method=neighbor_search, n_candidates=n_candidates,
-                           batch_size=batch_size, exclude=torch.arange(n, device=M.device),
-                           client=client, hops=0)
+    D, idx, _ = knn_search(M, M, grid, k, plan=plan, batch_size=batch_size,
+                           exclude=torch.arange(n, device=M.device), client=client)
     return D, idx
 
 

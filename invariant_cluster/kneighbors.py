@@ -35,13 +35,12 @@ from . import _memory
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
 from ._heap import reusing_heap
 from ._utils import resolve_device, to_tensor
-from .search import knn_search, refine_pairs
+from .search import knn_search, make_search_plan, refine_pairs
 
 __all__ = ["InvariantKNeighborsTransformer", "invariant_kneighbors_graph", "symmetrize_graph"]
 
 # The searches, their exact/shortlist threshold and the shortlist length (8 k here, twice the
-# clusterer's) are the engine's (invariant_cluster.search) and the memory policy's
-# (invariant_cluster._memory: AUTO_EXACT_WORK, GRAPH_CANDIDATE_FACTOR).
+# clusterer's) are the engine's (invariant_cluster.search; the plan's purpose "graph").
 # With refinement, the n_neighbors + 1 nearest keys on the grid (what the graph holds) are
 # refined and re-sorted. Refining twice as many and keeping the best changed 9% of the
 # neighbours of 1,000 rotated MNIST digits (k = 15) but the share of neighbours with the
@@ -243,7 +242,29 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         self._fit_X = np.array(X2, copy=True)
         self.n_samples_fit_ = int(X2.shape[0])
         self._n_features_out = self.n_samples_fit_
+        # the plan of the graph of the fitted images (kneighbors(), fit_transform)
+        n = self.n_samples_fit_
+        self.search_plan_ = self._plan(n, self._search_k(self.n_neighbors, n, True),
+                                       resolve_device(self.device), self_search=True)
         return self
+
+    def _search_k(self, k, n_fit, exclude_self):
+        """Neighbours searched for ``k`` kept: the pool depends on the constructor's
+        n_neighbors, not on k, so that the graphs of one estimator agree on their common
+        prefix whatever k is asked for (connectivity with k, distance with k + 1,
+        kneighbors() without self)."""
+        grid = self._grid()
+        if not (grid.refine and any(grid.free)):
+            return k
+        pool = max(k, self.n_neighbors + 1 - (1 if exclude_self else 0))
+        return min(n_fit - (1 if exclude_self else 0), pool)
+
+    def _plan(self, n_queries, k_search, device, *, self_search):
+        """The search plan of ``n_queries`` queries against the fitted images."""
+        return make_search_plan(n_queries, self.n_samples_fit_, self._grid().size, k_search,
+                                device=device, method=self.neighbor_search,
+                                n_candidates=self.n_candidates, purpose="graph",
+                                self_search=self_search)
 
     # ------------------------------------------------------------------ search
     @reusing_heap
@@ -257,20 +278,11 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
             device=dev, dtype=dtype).reshape(-1, *self.image_shape_)
         n_q, n_fit = Q.shape[0], K.shape[0]
         exclude = torch.arange(n_q, device=dev) if exclude_self else None
-        n_avail = n_fit - (1 if exclude_self else 0)
         refine = grid.refine and any(grid.free)
-        # the pool depends on the constructor's n_neighbors, not on k, so that the graphs of
-        # one estimator agree on their common prefix whatever k is asked for (connectivity
-        # with k, distance with k + 1, kneighbors() without self)
-        pool = max(k, self.n_neighbors + 1 - (1 if exclude_self else 0))
-        k_search = min(n_avail, pool) if refine else k
-        n_cand = self.n_candidates
-        if n_cand is None:
-            n_cand = _memory.default_n_candidates(_memory.GRAPH_CANDIDATE_FACTOR * k_search, n_fit,
-                                                  margin=False)
+        k_search = self._search_k(k, n_fit, exclude_self)
+        plan = self._plan(n_q, k_search, dev, self_search=exclude_self)
         with torch.no_grad():
-            D, ind, P = knn_search(Q, K, grid, k_search, method=self.neighbor_search,
-                                   n_candidates=n_cand, batch_size=self.batch_size,
+            D, ind, P = knn_search(Q, K, grid, k_search, plan=plan, batch_size=self.batch_size,
                                    exclude=exclude, client=self.client)
             qi = torch.arange(n_q, device=dev).repeat_interleave(ind.shape[1])
             if refine and n_q:

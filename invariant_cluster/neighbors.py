@@ -39,7 +39,6 @@ from ._memory import (  # noqa: F401 - re-exported: the memory policy is public 
     InsufficientMemoryError,
     block_elements,
     check_fits,
-    default_n_candidates,
     memory_budget,
 )
 from .search import (  # noqa: F401 - the engine's names, importable from here as before
@@ -53,6 +52,7 @@ from .search import (  # noqa: F401 - the engine's names, importable from here a
     steerable_descriptors,
 )
 from .search.grid import check_int
+from .search.plan import default_n_candidates  # noqa: F401 - re-exported
 from .transforms import fast_warp
 
 __all__ = [

@@ -309,11 +309,15 @@ class TestNeighborSearch:
         assert default_n_candidates(4, 50, margin=False) == 50
 
     def test_default_means_candidates(self):
-        from invariant_cluster._memory import default_means_candidates
+        from invariant_cluster.search.plan import make_search_plan
 
-        assert default_means_candidates(15, 70_000) == 64
-        assert default_means_candidates(32, 70_000) == 128
-        assert default_means_candidates(15, 20) == 20
+        def means(k, n):
+            return make_search_plan(n, n, 36 * 9, k, method="shortlist",
+                                    purpose="means").n_candidates
+
+        assert means(15, 70_000) == 64
+        assert means(32, 70_000) == 128
+        assert means(15, 20) == 20
 
 
 class TestAlignedWeightedSum:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from invariant_cluster import InvariantAttentionClusterer, _memory
+from invariant_cluster import InvariantAttentionClusterer
 from invariant_cluster.datasets import make_transformed
 from invariant_cluster.search import approximate as approx_module
 from invariant_cluster.search import (
@@ -16,6 +16,7 @@ from invariant_cluster.search import (
     shortlist,
     shortlist_descriptors,
 )
+from invariant_cluster.search import plan as plan_module
 from invariant_cluster.search.approximate import approximate_shortlist
 
 
@@ -35,7 +36,7 @@ def _recall(true_idx, found_idx):
 def test_default_search_beyond_threshold_is_approximate_and_recalls_exact_top_k(
         smooth_images, monkeypatch, n_protos, n_copies, size):
     # the threshold patched low, so that the approximate path runs on a small set
-    monkeypatch.setattr(_memory, "APPROXIMATE_MIN_KEYS", 100)
+    monkeypatch.setitem(plan_module.FAISS_MIN_KEYS, "cpu", 100)
     calls = []
     real = approx_module.approximate_shortlist
 
@@ -52,7 +53,7 @@ def test_default_search_beyond_threshold_is_approximate_and_recalls_exact_top_k(
     _, exact, _ = grid_search(X, X, grid, k=k, exclude=own)
     _, found, _, cand = neighbor_search(X, X, grid, k=k, exclude=own, return_candidates=True)
     assert calls, "the approximate shortlist did not run"
-    assert cand.shape == (n, _memory.default_n_candidates(k, n))
+    assert cand.shape == (n, plan_module.default_n_candidates(k, n))
     assert not bool((cand == own[:, None]).any())
     assert _recall(exact, found) >= 0.95
 
@@ -184,12 +185,13 @@ def test_union_searches_the_means_with_the_plain_shortlist(smooth_images, monkey
     # knn_search of each receives
     import invariant_cluster.cluster as cluster_module
 
-    monkeypatch.setattr(_memory, "APPROXIMATE_MIN_KEYS", 100)
+    monkeypatch.setitem(plan_module.FAISS_MIN_KEYS, "cpu", 100)
+    monkeypatch.setitem(plan_module.EXACT_WORK, "cpu", 100)
     seen = []
     real = cluster_module.knn_search
 
     def spy(Q, K, grid, k, **kwargs):
-        seen.append(kwargs["n_candidates"])
+        seen.append(kwargs["plan"])
         return real(Q, K, grid, k, **kwargs)
 
     monkeypatch.setattr(cluster_module, "knn_search", spy)
@@ -197,5 +199,9 @@ def test_union_searches_the_means_with_the_plain_shortlist(smooth_images, monkey
     est = InvariantAttentionClusterer(n_clusters=n_protos, max_rotation=30.0, n_rotations=9,
                                       max_translation=1, graph="both", random_state=0).fit(X)
     k = est.n_neighbors
-    assert seen == [None, max(4 * k, 64)]
+    n = X.shape[0]
+    assert [p.n_candidates for p in seen] == [max(6 * k, 96), max(4 * k, 64)]
+    assert [p.hops for p in seen] == [plan_module.HOP_NEIGHBORS, 0]
+    assert seen[0] == est.search_plan_ and est.search_plan_.shortlist == "faiss"
+    assert est.search_plan_.n_keys == n
     assert est.graph_ == "both"

@@ -2,19 +2,20 @@
 
 Layers, bottom up (each module imports only those above it in this list):
 
+- :mod:`.plan`: :class:`SearchPlan`, which search runs (exact or shortlist, blocked or faiss)
+  for given sizes and device;
 - :mod:`.grid`: :class:`SearchGrid` (angles, integer shifts, bounds) and its decode of grid
   points into parameters;
 - :mod:`.kernel`: the block kernel (scores -> distances -> min over the grid -> exclude ->
   top-``k`` merge) and the exact all-pairs search, local or on Dask blocks;
 - :mod:`.candidates`: the exact search restricted to candidate keys;
 - :mod:`.descriptors` and :mod:`.shortlist`: the descriptor shortlist and ``neighbor_search``;
-- :mod:`.approximate`: the shortlist by faiss's inverted file, the default from
-  ``_memory.APPROXIMATE_MIN_KEYS`` keys on;
+- :mod:`.approximate`: the shortlist by faiss's inverted file, where the plan says so;
 - :mod:`.refine`: the continuous refinement of grid alignments;
-- :mod:`.dispatch`: ``exact | shortlist | auto``, the one entry of the estimators' kNN searches.
+- :mod:`.dispatch`: runs a plan, the one entry of the estimators' kNN searches.
 
-Every warp goes through :mod:`invariant_cluster.transforms`; every block size and threshold
-comes from :mod:`invariant_cluster._memory`.
+Every warp goes through :mod:`invariant_cluster.transforms`; every block size comes from
+:mod:`invariant_cluster._memory`.
 """
 
 from .approximate import approximate_shortlist
@@ -30,12 +31,15 @@ from .kernel import (
     shift_margin,
     warp_keys,
 )
+from .plan import SearchPlan, make_search_plan
 from .refine import all_pairs, refine_alignments, refine_pairs
 from .shortlist import neighbor_search, shortlist, shortlist_descriptors
 
 __all__ = [
     "GROUPS",
     "SearchGrid",
+    "SearchPlan",
+    "make_search_plan",
     "make_search_grid",
     "rotation_limit",
     "translation_limit",

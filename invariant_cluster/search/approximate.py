@@ -2,7 +2,7 @@
 
 :func:`~invariant_cluster.search.shortlist.shortlist` compares every query descriptor with every
 key descriptor (``n_x n_y U V d`` multiply-adds: quadratic in ``n``). Beyond
-``_memory.APPROXIMATE_MIN_KEYS`` keys the shortlist instead
+``search.plan.FAISS_MIN_KEYS`` keys (on the CPU) the shortlist instead
 
 1. partitions the key copies into ``nlist`` cells by k-means and files each copy in its cell
    (faiss's ``IndexIVFFlat``: exact distances within a cell, no quantisation),

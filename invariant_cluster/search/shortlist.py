@@ -25,6 +25,7 @@ from .candidates import candidate_search
 from .descriptors import invariant_descriptors, steerable_descriptors
 from .grid import SearchGrid, check_int
 from .kernel import grid_min, mask_excluded, merge_topk
+from .plan import HOP_NEIGHBORS, default_n_candidates, uses_faiss
 
 __all__ = ["shortlist", "shortlist_descriptors", "neighbor_search"]
 
@@ -240,7 +241,7 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
     k : int
         Neighbours kept per query.
     n_candidates : int, optional
-        Shortlist length (None: :func:`default_n_candidates`, ``max(4 k, 64)``).
+        Shortlist length (None: :func:`~invariant_cluster.search.plan.default_n_candidates`).
     batch_size : int, optional
         Keys per block of the exact search.
     exclude : torch.Tensor of shape (n_x,), optional
@@ -256,13 +257,13 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
     approximate : bool, optional
         Find the shortlist with faiss's approximate inverted-file search
         (:func:`~invariant_cluster.search.approximate.approximate_shortlist`, about ``O(n log n)``)
-        instead of comparing every query with every key (``O(n^2)``). None: from
-        ``_memory.APPROXIMATE_MIN_KEYS`` keys on.
+        instead of comparing every query with every key (``O(n^2)``). None: as the search
+        plan decides for the keys' device (``search.plan.FAISS_MIN_KEYS``).
     hops : int, optional
         When the queries are the keys (``X is Y``, with ``exclude``) and the shortlist does not
         hold every key: one more exact pass over the ``hops`` nearest neighbours of each
         query's ``hops`` nearest neighbours, those not shortlisted (None:
-        ``_memory.HOP_NEIGHBORS``; 0: none). It recovers neighbours the descriptors missed.
+        ``search.plan.HOP_NEIGHBORS``; 0: none). It recovers neighbours the descriptors missed.
 
     Returns
     -------
@@ -284,11 +285,10 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
     n_x, n_y = X.shape[0], Y.shape[0]
     if candidates is None:
         if n_candidates is None:
-            n_candidates = _memory.default_n_candidates(k, n_y)
+            n_candidates = default_n_candidates(k, n_y, device=Y.device)
         n_candidates = max(check_int(n_candidates, "n_candidates", 1), k)
         n_avail = n_y - (1 if exclude is not None else 0)
-        approximate = approximate or (approximate is None
-                                      and _memory.use_approximate_shortlist(n_y))
+        approximate = approximate or (approximate is None and uses_faiss(n_y, Y.device))
         described = 0
         if n_candidates < n_avail and descriptor == "steerable":
             described = descriptor_bytes(n_x, n_y, X.shape[1:], grid,
@@ -311,7 +311,7 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
             candidates = shortlist(X_desc, Y_desc, n_candidates, exclude=exclude)
     out = candidate_search(X, Y, candidates, grid, k=k, batch_size=batch_size, exclude=exclude,
                            client=client)
-    hops = _memory.HOP_NEIGHBORS if hops is None else check_int(hops, "hops", 0)
+    hops = HOP_NEIGHBORS if hops is None else check_int(hops, "hops", 0)
     if hops and X is Y and exclude is not None and candidates.shape[1] < n_y - 1:
         out = _hop_pass(X, grid, out, candidates, min(hops, k), exclude, batch_size, client)
     return (*out, candidates) if return_candidates else out
@@ -320,7 +320,7 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
 def _hop_pass(X, grid, found, candidates, hops, exclude, batch_size, client):
     """One more exact pass of a self-search over the neighbours' neighbours: the ``hops``
     nearest neighbours of each query's ``hops`` nearest neighbours that its shortlist did not
-    hold, merged into its top-``k`` (see ``_memory.HOP_NEIGHBORS``)."""
+    hold, merged into its top-``k`` (see ``search.plan.HOP_NEIGHBORS``)."""
     dist, index, params = found
     n, c = candidates.shape
     own = exclude.to(index.device)
