@@ -170,11 +170,13 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         How the samples' kNN graph is found. "exact": the grid search over all pairs
         (``O(n^2)``). "shortlist": an SE(2)-invariant descriptor shortlists ``n_candidates``
         keys per query and only those are aligned (:mod:`invariant_cluster.neighbors`).
-        "auto": exact while ``n_samples x`` (grid size) is at most ``4000 x 36``.
+        "auto": exact while ``n_samples x`` (grid size) is at most ``4000 x 36`` on a CPU,
+        five times that on a GPU; the choice is recorded in ``search_plan_``.
     n_candidates : int, optional
-        Shortlist length (None: ``max(4 n_neighbors, 64)``; ``max(6 n_neighbors, 96)`` from
-        10,000 images on, where faiss's approximate search finds the shortlist, except
-        for the search of the converged means, which keeps ``max(4 n_neighbors, 64)``).
+        Shortlist length (None: ``max(4 n_neighbors, 64)``; ``max(6 n_neighbors, 96)`` where
+        faiss's approximate search finds the shortlist, from 10,000 images on on a CPU and
+        from 200,000 on a GPU, except for the search of the converged means, which keeps
+        ``max(4 n_neighbors, 64)``).
     client : dask.distributed.Client, optional
         Run the alignment searches block by block on a Dask cluster (identical results).
     n_jobs : int, optional
@@ -217,6 +219,10 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         What decided the number of clusters: "given" (``n_clusters``), "separated" (separated
         groups of the kNN graph), "modularity" (Leiden at resolution 1, see ``n_clusters``) or
         "hdbscan" (``grouping="umap"``, ``n_clusters=None``).
+    search_plan_ : SearchPlan
+        How the kNN graph of the distinct images was searched (exact or shortlist, the
+        shortlist blocked on the device or by faiss, its length, the device), decided from
+        the sizes and the device by :func:`~invariant_cluster.search.make_search_plan`.
     cluster_centers_ : ndarray of shape (n_clusters_, n_features)
         Each cluster's invariant mean of its samples.
     n_clusters_ : int

@@ -124,7 +124,8 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         descriptors shortlist ``n_candidates`` fitted images per query and only those are
         aligned exactly (:func:`~invariant_cluster.neighbors.neighbor_search`; recall of the
         exact top-k measured in ``benchmarks/bench_neighbors.py``). "auto": exact while
-        ``n_samples_fit x`` (grid size) is at most ``4000 x 36``, else the shortlist.
+        ``n_samples_fit x`` (grid size) is at most ``4000 x 36`` on a CPU (five times that on
+        a GPU), else the shortlist; the choice is recorded in ``search_plan_``.
     n_candidates : int, optional
         Shortlist length (None: ``max(8 k, 64)`` for ``k`` searched neighbours, ``k`` =
         ``n_neighbors + 1``).
@@ -155,6 +156,10 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         strings (a data frame).
     n_samples_fit_ : int
         Number of fitted images (the number of columns of the graph).
+    search_plan_ : SearchPlan
+        How the graph of the fitted images (``kneighbors()``, ``fit_transform``) is searched,
+        from the sizes and the device (:func:`~invariant_cluster.search.make_search_plan`);
+        queries given to ``transform`` get the plan of their own size.
     image_shape_ : tuple (C, H, W)
         How rows are folded into images.
 
