@@ -394,11 +394,12 @@ def table_generic(r):
 
 def table_first_fit(r):
     return md_table(
-        ["data", "import (s)", "first fit (s)", "second fit (s)", "first / second",
-         "numba, pynndescent or umap-learn imported", "TensorFlow warning"],
+        ["data", "import (s)", "first fit (s)", "second fit (s)", "first / second", "ACC",
+         "peak RSS (MB)", "numba, pynndescent or umap-learn imported", "TensorFlow warning"],
         [[x["data"], x["import_s"], x["first_fit_s"], x.get("second_fit_s"),
-          x.get("first_over_second"), ", ".join(x.get("imported", [])) or "none",
-          x["tensorflow_warning"]] for x in r["rows"]])
+          x.get("first_over_second"), x.get("acc"), x.get("peak_rss_mb"),
+          ", ".join(x.get("imported", [])) or "none", x["tensorflow_warning"]]
+         for x in r["rows"]])
 
 
 def table_count(r):
