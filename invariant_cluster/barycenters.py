@@ -14,7 +14,14 @@ from ._progress import progress_bar
 from ._utils import check_real_dtype, resolve_device
 from .alignment import to_images
 from .search import grid_search, make_search_grid, refine_alignments
-from .transforms import compose_se2, fast_warp, image_centre, invert_se2
+from .transforms import (
+    check_rotation_center,
+    compose_se2,
+    fast_warp,
+    image_centre,
+    invert_se2,
+    pad_for_centre,
+)
 
 __all__ = ["invariant_mean", "class_averages", "aligned_neighbors"]
 
@@ -53,7 +60,8 @@ def invariant_mean_tensor(X: torch.Tensor, w: torch.Tensor, grid, *, init=None, 
 
 def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotations=36,
                    max_translation=0, refine=True, image_shape=None, device="auto",
-                   batch_size=None, max_iter=20, tol=1e-5, reflection=False):
+                   batch_size=None, max_iter=20, tol=1e-5, reflection=False,
+                   rotation_center="geometric"):
     """Weighted invariant mean: align every sample onto the mean, average, repeat.
 
     Minimises ``sum_j w_j ||mu - T_tau_j x_j||^2`` over ``mu`` and the ``tau_j`` by alternating
@@ -72,6 +80,9 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
     max_iter : int, default=20
     tol : float, default=1e-5
         Stop when the mean moves by less than ``tol`` times its norm.
+    rotation_center : {"geometric", "fourier"}, default="geometric"
+        The centre of rotations and mirrors (:mod:`invariant_cluster.transforms`' Convention):
+        ``"fourier"`` for cryo-EM particles, whose centre is the pixel ``(W // 2, H // 2)``.
 
     Returns
     -------
@@ -105,9 +116,12 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
         raise TypeError(f"tol: expected a real number >= 0, got {tol!r}")
     if not (math.isfinite(tol) and tol >= 0):
         raise ValueError(f"tol: expected a finite number >= 0, got {tol!r}")
-    Xt, shape, is_numpy = to_images(X, name="X", image_shape=image_shape, device=dev)
+    check_rotation_center(rotation_center)
+    Xt, _, is_numpy = to_images(X, name="X", image_shape=image_shape, device=dev)
+    h0, w0 = Xt.shape[-2:]
+    Xt = pad_for_centre(Xt, rotation_center)
     grid = make_search_grid(group, max_rotation, n_rotations, max_translation, refine,
-                            reflection, image_shape=shape)
+                            reflection, image_shape=tuple(Xt.shape[1:]))
     n = Xt.shape[0]
     if weights is None:
         w = torch.full((n,), 1.0 / n, dtype=Xt.dtype, device=dev)
@@ -125,6 +139,7 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
     with torch.no_grad():
         mu, params, _ = invariant_mean_tensor(Xt, w, grid, max_iter=max_iter, tol=tol,
                                               batch_size=batch_size)
+    mu = mu[..., :h0, :w0]
     # the sample's own layout: flat rows stay flat, (H, W) and (C, H, W) images keep theirs
     # (np.shape, not X.shape: X may be a nested list)
     in_shape = tuple(np.shape(X) if is_numpy else X.shape)
@@ -193,8 +208,9 @@ def _check_labels(labels, n: int) -> np.ndarray:
 @reusing_heap
 def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=180.0,
                    n_rotations=36, max_translation=0, refine=True, reflection=False,
-                   neighbor_search="auto", denoise=None, center=False, image_shape=None,
-                   device="auto", batch_size=None):
+                   neighbor_search="auto", denoise=None, center=False, ctf=None, snr=1.0,
+                   rotation_center="auto", image_shape=None, device="auto", batch_size=None,
+                   return_alignments=False):
     """Class averages: denoised images by averaging under alignment.
 
     Two kinds, as cryo-electron microscopy's "2D classification" has them:
@@ -236,6 +252,25 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
     center : bool, default=False
         Centre each image (its denoised copy, with ``denoise``) on its centre of mass before
         the search (``labels=None`` only); see :func:`aligned_neighbors`.
+    ctf : invariant_cluster.ctf.CTF, optional
+        Each image's contrast transfer function (single-channel images; from a RELION STAR
+        file: :func:`invariant_cluster.ctf.read_star`). The search then runs on the
+        phase-flipped images, and each average is the Wiener estimate
+        ``sum_j C_j F(y_j) / (sum_j C_j^2 + 1 / snr)`` of the aligned images, ``C_j`` the CTF of
+        image ``j`` turned with its alignment (:func:`invariant_cluster.ctf.wiener_average`): an
+        estimate of the projection without CTF.
+    snr : float, default=1.0
+        Signal-to-noise ratio of one image, the Wiener regularisation (with ``ctf`` only).
+    rotation_center : {"auto", "geometric", "fourier"}, default="auto"
+        Centre of rotations and mirrors (:mod:`invariant_cluster.transforms`' Convention):
+        ``"fourier"``, the pixel ``(W // 2, H // 2)`` of cryo-EM particle stacks, or the
+        geometric ``((W - 1) / 2, (H - 1) / 2)``; ``"auto"`` is ``"fourier"`` when ``ctf`` is
+        given, else ``"geometric"``. It matters for even sizes only. With ``"fourier"`` the
+        search (and ``denoise``'s fit) sees the images with one zero row and column appended.
+    return_alignments : bool, default=False
+        Also return the alignments: ``labels=None``: the neighbours' indices ``(n, k)`` and
+        alignments ``(n, k, 3 or 4)`` (:func:`aligned_neighbors`); ``labels`` given: each
+        image's alignment onto its class's average, ``(n, 3 or 4)``.
 
     Returns
     -------
@@ -243,6 +278,8 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         ``labels=None``: the shape of ``X`` (row ``i`` is image ``i``'s class average);
         ``labels`` given: ``(n_labels, ...)``, one row or image per label. NumPy for NumPy
         input, torch (on ``device``) for torch input.
+    indices, alignments : ndarray
+        Only with ``return_alignments=True`` (``labels`` given: the alignments only).
 
     Notes
     -----
@@ -275,35 +312,107 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
                          "average of each cluster aligns all its members to one mean")
     if labels is not None and center:
         raise ValueError("center: only with labels=None (each image's class average)")
+    ctf, rc = _check_ctf_options(ctf, snr, rotation_center, Xt)
+    Xs = Xt if ctf is None else _phase_flipped(Xt, ctf)
+    Xp, Xs = pad_for_centre(Xt, rc), pad_for_centre(Xs, rc)  # the search's frame (Convention)
+    h, w = Xt.shape[-2:]
     if labels is not None:
         lab = _check_labels(labels, n)
         grid = make_search_grid(group, max_rotation, n_rotations, max_translation, refine,
-                                reflection, image_shape=shape)
+                                reflection, image_shape=tuple(Xs.shape[1:]))
         means = []
+        params = torch.zeros((n, grid.n_params), dtype=Xt.dtype, device=dev)
         with torch.no_grad():
             for c in np.unique(lab):  # a loop over clusters, each batched over its members
                 members = torch.as_tensor(np.flatnonzero(lab == c), device=dev)
-                w = torch.full((len(members),), 1.0 / len(members), dtype=Xt.dtype, device=dev)
-                means.append(invariant_mean_tensor(Xt[members], w, grid,
-                                                   batch_size=batch_size)[0])
+                w_ = torch.full((len(members),), 1.0 / len(members), dtype=Xt.dtype, device=dev)
+                mu, p, _ = invariant_mean_tensor(Xs[members], w_, grid, batch_size=batch_size)
+                if ctf is not None:
+                    warped = fast_warp(Xp[members], p)[..., :h, :w]
+                    mu = _ctf_corrected(warped[None, :, 0], ctf[members.cpu().numpy()], p,
+                                        snr)[0][None]
+                means.append(mu[..., :h, :w])
+                params[members] = p
         out = torch.stack(means)
         out_shape = (len(means), -1) if ndim == 2 else (len(means), *tuple(X.shape[1:]))
+        extra = (params.cpu().numpy().astype(np.float64),)
     else:
         ind, tau = _aligned_neighbors(
-            Xt, shape, n_neighbors, denoise=denoise, center=center, device=dev,
+            Xs, tuple(Xs.shape[1:]), n_neighbors, denoise=denoise, center=center, device=dev,
             max_translation=max_translation, group=group, max_rotation=max_rotation,
             n_rotations=n_rotations, refine=refine, reflection=reflection,
             batch_size=batch_size, neighbor_search=neighbor_search)
-        out = _one_step_average(Xt, ind, tau, batch_size=batch_size)
+        if ctf is None:
+            out = _one_step_average(Xp, ind, tau, batch_size=batch_size)[..., :h, :w]
+        else:
+            out = _one_step_ctf_average(Xp, ind, tau, ctf, snr, (h, w))
         out_shape = tuple(X.shape)
+        extra = (ind, tau)
     out = out.reshape(out_shape)
-    return out.cpu().numpy() if is_numpy else out
+    out = out.cpu().numpy() if is_numpy else out
+    return (out, *extra) if return_alignments else out
+
+
+def _check_ctf_options(ctf, snr, rotation_center, Xt):
+    """``(ctf, rotation_center)`` checked, ``"auto"`` resolved."""
+    from .ctf import _check_ctf, _check_snr
+
+    if not (isinstance(rotation_center, str) and rotation_center == "auto"):
+        check_rotation_center(rotation_center)
+    if ctf is not None:
+        _check_ctf(ctf, Xt.shape[0])
+        _check_snr(snr)
+        if Xt.shape[1] != 1:
+            raise ValueError(f"ctf: only for single-channel images, got {Xt.shape[1]} channels")
+    if rotation_center == "auto":
+        rotation_center = "geometric" if ctf is None else "fourier"
+    return ctf, rotation_center
+
+
+def _phase_flipped(Xt, ctf):
+    from .ctf import phase_flip
+
+    return phase_flip(Xt[:, 0], ctf)[:, None]
+
+
+def _ctf_corrected(warped, ctf, params, snr):
+    """Wiener estimates ``(b, H, W)`` of groups of aligned images ``warped`` ``(b, k, H, W)``
+    whose CTFs are ``ctf`` (``b k`` images) turned by their alignments ``params``
+    ``(b k, 3 or 4)``."""
+    from .ctf import ctf_images, wiener_combine
+
+    b, k, h, w = warped.shape
+    C = ctf_images(ctf.warped(params.reshape(b * k, -1)), (h, w), dtype=warped.dtype,
+                   device=warped.device, half=True)
+    return wiener_combine(warped, C.reshape(b, k, *C.shape[-2:]), snr)
+
+
+def _one_step_ctf_average(Xp, ind, tau, ctf, snr, shape):
+    """:func:`_one_step_average` with each group combined by :func:`_ctf_corrected`: ``Xp``
+    the (padded) original images ``(n, 1, H', W')``, the averages ``(n, 1, H, W)``."""
+    n, dev = Xp.shape[0], Xp.device
+    h, w = shape
+    idx = torch.cat([torch.arange(n)[:, None], torch.as_tensor(ind)], 1)
+    tau = torch.as_tensor(tau, dtype=Xp.dtype)
+    params = torch.cat([torch.zeros_like(tau[:, :1]), tau], 1)
+    k = idx.shape[1]
+    # rows per block: the warped images, their spectra and CTFs, about 8 copies of b k H W
+    step = int(max(1, min(n, 2 ** 25 // max(1, 8 * k * h * w))))
+    out = []
+    with torch.no_grad():
+        for r in range(0, n, step):  # blocks of rows; each block batched over its pairs
+            i, p = idx[r:r + step], params[r:r + step]
+            warped = fast_warp(Xp[i.reshape(-1).to(dev)], p.reshape(-1, p.shape[-1]).to(dev))
+            warped = warped[:, 0, :h, :w].reshape(len(i), k, h, w)
+            out.append(_ctf_corrected(warped, ctf[i.reshape(-1).numpy()],
+                                      p.reshape(-1, p.shape[-1]), snr))
+    return torch.cat(out)[:, None]
 
 
 def aligned_neighbors(X, n_neighbors=10, *, group="se2", max_rotation=180.0, n_rotations=36,
                       max_translation=0, refine=True, reflection=False, neighbor_search="auto",
-                      denoise=None, center=False, image_shape=None, device="auto",
-                      batch_size=None):
+                      denoise=None, center=False, ctf=None, rotation_center="auto",
+                      image_shape=None, device="auto", batch_size=None):
     """Each image's invariant nearest neighbours and their alignments, optionally found on a
     denoised copy: the search of :func:`class_averages` (``labels=None``), without the average.
 
@@ -329,6 +438,11 @@ image_shape, device, batch_size
         share of neighbours within 10 degrees from 0.49 to 0.92, at no extra cost. The centre
         of a noisy image is itself noisy: on centred images at SNR 1/4 it lowered that share
         from 0.21 to 0.14.
+    ctf : invariant_cluster.ctf.CTF, optional
+        Each image's CTF: the search runs on the phase-flipped images.
+    rotation_center : {"auto", "geometric", "fourier"}, default="auto"
+        As in :func:`class_averages` (``"auto"``: ``"fourier"`` with ``ctf``, else
+        ``"geometric"``); the alignments follow it.
 
     Returns
     -------
@@ -351,9 +465,11 @@ image_shape, device, batch_size
     (True, (12, 3, 3))
     """
     dev = resolve_device(device)
-    Xt, shape, _ = to_images(X, name="X", image_shape=image_shape, device=dev, min_samples=2)
+    Xt, _, _ = to_images(X, name="X", image_shape=image_shape, device=dev, min_samples=2)
+    ctf, rc = _check_ctf_options(ctf, 1.0, rotation_center, Xt)
+    Xt = pad_for_centre(Xt if ctf is None else _phase_flipped(Xt, ctf), rc)
     return _aligned_neighbors(
-        Xt, shape, n_neighbors, denoise=denoise, center=center, device=dev,
+        Xt, tuple(Xt.shape[1:]), n_neighbors, denoise=denoise, center=center, device=dev,
         max_translation=max_translation, group=group, max_rotation=max_rotation,
         n_rotations=n_rotations, refine=refine, reflection=reflection, batch_size=batch_size,
         neighbor_search=neighbor_search)

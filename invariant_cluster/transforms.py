@@ -13,7 +13,16 @@ shortlist's descriptors) goes through :func:`fast_warp`, :func:`sample_images` o
   **counter-clockwise as the image is displayed** (row 0 at the top), ``tx`` and ``ty`` in
   **pixels**, ``tx`` to the right and ``ty`` downwards.
 - Pixel ``(x, y)`` has its origin at the centre of the top-left pixel; the image centre is
-  ``c = ((W - 1) / 2, (H - 1) / 2)``, as ``kornia.geometry.transform.rotate`` uses.
+  ``c = ((W - 1) / 2, (H - 1) / 2)``, as ``kornia.geometry.transform.rotate`` uses (the
+  ``"geometric"`` rotation centre).
+- The rotation centre of cryo-EM particle stacks (RELION, ASPIRE, cryoSPARC) is instead the
+  pixel ``(W // 2, H // 2)``, the origin of the centred Fourier transform (``"fourier"``): half a
+  pixel away from ``c`` in each even dimension, the same pixel in an odd one. Functions that
+  warp take ``rotation_center="geometric" | "fourier"``; ``"fourier"`` on an even dimension
+  is run as ``"geometric"`` on the image with one zero row (column) appended at the bottom
+  (right), whose geometric centre is that pixel, and the result is cropped back: the same
+  bilinear, zero-padded warp about ``(W // 2, H // 2)``, and the mirror is then
+  ``x -> W - x``.
 - ``T_tau`` moves the content at ``p`` to ``c + R(angle) (p - c) + t``, i.e.
   ``(T_tau x)(u) = x(R^-1 (u - c - t) + c)``: rotate about the centre, then translate.
   In pixel coordinates (y pointing down) ``R(angle) = [[cos, sin], [-sin, cos]]``, which is
@@ -56,6 +65,7 @@ from ._utils import as_array, check_real_dtype, to_tensor
 
 __all__ = [
     "warp_se2",
+    "rotation_centre",
     "se2_matrices",
     "compose_se2",
     "invert_se2",
@@ -72,8 +82,51 @@ def cos_sin(angle):
 
 
 def image_centre(height: int, width: int) -> tuple[float, float]:
-    """The rotation centre ``(cx, cy) = ((W - 1) / 2, (H - 1) / 2)`` in pixels."""
+    """The geometric rotation centre ``(cx, cy) = ((W - 1) / 2, (H - 1) / 2)`` in pixels."""
     return (width - 1) / 2.0, (height - 1) / 2.0
+
+
+ROTATION_CENTERS = ("geometric", "fourier")
+
+
+def check_rotation_center(rotation_center) -> str:
+    """``rotation_center`` checked: one of :data:`ROTATION_CENTERS`."""
+    if not isinstance(rotation_center, str) or rotation_center not in ROTATION_CENTERS:
+        raise ValueError(f"rotation_center: expected one of {list(ROTATION_CENTERS)}, got "
+                         f"{rotation_center!r}")
+    return rotation_center
+
+
+def rotation_centre(height: int, width: int, rotation_center="geometric") -> tuple[float, float]:
+    """The rotation centre ``(cx, cy)`` in pixels of an ``H x W`` image (module Convention).
+
+    Examples
+    --------
+    >>> from invariant_cluster.transforms import rotation_centre
+    >>> rotation_centre(64, 64), rotation_centre(64, 64, "fourier")
+    ((31.5, 31.5), (32.0, 32.0))
+    >>> rotation_centre(63, 63, "fourier")
+    (31.0, 31.0)
+    """
+    if check_rotation_center(rotation_center) == "fourier":
+        return float(width // 2), float(height // 2)
+    return image_centre(height, width)
+
+
+def centre_padding(height: int, width: int, rotation_center="geometric") -> tuple[int, int]:
+    """Rows and columns ``(pad_h, pad_w)`` of zeros appended so that the geometric centre of the
+    padded image is ``rotation_center``'s centre of the original (1 per even dimension for
+    ``"fourier"``, else 0)."""
+    if check_rotation_center(rotation_center) == "fourier":
+        return 1 - height % 2, 1 - width % 2
+    return 0, 0
+
+
+def pad_for_centre(x: torch.Tensor, rotation_center="geometric") -> torch.Tensor:
+    """Images ``(..., H, W)`` with :func:`centre_padding`'s zero rows and columns appended
+    (``x`` itself when there are none); crop back with ``[..., :H, :W]``."""
+    ph, pw = centre_padding(x.shape[-2], x.shape[-1], rotation_center)
+    return F.pad(x, (0, pw, 0, ph)) if ph or pw else x
 
 
 def normalised_scale(height: int, width: int) -> tuple[float, float]:
@@ -132,7 +185,7 @@ def _as_params(params, n, like: torch.Tensor) -> torch.Tensor:
     return p.expand(n, p.shape[1])
 
 
-def warp_se2(images, params):
+def warp_se2(images, params, *, rotation_center="geometric"):
     """Warp each image by its SE(2) transformation (rotation about the centre, then translation).
 
     Parameters
@@ -142,6 +195,9 @@ def warp_se2(images, params):
         ``(angle in degrees counter-clockwise, tx, ty in pixels)`` per image (a single row is
         broadcast), and optionally a 4th column, the mirror bit (0 or 1): the image is flipped
         horizontally about its centre before the rotation. See the module's Convention.
+    rotation_center : {"geometric", "fourier"}, default="geometric"
+        The centre of rotations and mirrors: ``((W - 1) / 2, (H - 1) / 2)``, or the pixel
+        ``(W // 2, H // 2)`` of cryo-EM particle stacks (see the module's Convention).
 
     Returns
     -------
@@ -174,9 +230,12 @@ def warp_se2(images, params):
         raise ValueError(f"images: expected shape (B, H, W) or (B, C, H, W), got {tuple(x.shape)}")
     if x.numel() and not bool(torch.isfinite(x).all()):
         raise ValueError("images: contains NaN or infinity")
+    check_rotation_center(rotation_center)
     squeeze = x.ndim == 3
     if squeeze:
         x = x.unsqueeze(1)
+    h0, w0 = x.shape[-2:]
+    x = pad_for_centre(x, rotation_center)
     n, _, h, w = x.shape
     p = _as_params(params, n, x)
     if n == 0:
@@ -187,6 +246,8 @@ def warp_se2(images, params):
         out = torch.cat([warp_affine(x[i:i + step], M[i:i + step], (h, w), mode="bilinear",
                                      padding_mode="zeros", align_corners=True)
                          for i in range(0, n, step)])
+    if (h, w) != (h0, w0):
+        out = out[..., :h0, :w0].contiguous()
     if squeeze:
         out = out.squeeze(1)
     return out.detach().cpu().numpy() if is_numpy else out

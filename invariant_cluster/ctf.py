@@ -1,0 +1,501 @@
+"""The contrast transfer function (CTF) of cryo-electron micrographs, on torch (CPU or GPU).
+
+Convention
+----------
+- RELION's: defocus ``U``, ``V`` in ångström, **positive for underfocus**; the astigmatism angle
+  in degrees from the ``x`` axis (columns) towards the ``y`` axis (rows, pointing down as an
+  image is displayed); voltage in kV, spherical aberration ``Cs`` in mm, the amplitude contrast
+  ``A`` as a fraction, an optional phase shift in degrees, the pixel size in ångström.
+- The CTF at spatial frequency ``k`` (cycles per ångström, at angle ``phi``) is
+  ``sqrt(1 - A^2) sin(chi) + A cos(chi)`` with
+  ``chi = pi lambda df(phi) k^2 - pi / 2 Cs lambda^3 k^4 + phase_shift`` and
+  ``df(phi) = (U + V) / 2 + (U - V) / 2 cos(2 (phi - angle))``: RELION's ``CTF::getCTF``, positive
+  at low frequencies (images of protein in white, as RELION's extraction writes them). ASPIRE's
+  ``CTFFilter`` is its negative (dark protein, the raw micrograph's contrast).
+- Frequencies are those of ``torch.fft.fft2`` on the image's pixel grid: the CTF multiplies the
+  Fourier transform of the whole box, so it does not depend on the rotation centre.
+- A warp of :mod:`invariant_cluster.transforms` by ``(angle, tx, ty, mirror)`` turns an image's
+  CTF with it: the astigmatism angle becomes ``(-a if mirror else a) - angle``
+  (:meth:`CTF.warped`); shifts leave it unchanged.
+
+Averages
+--------
+Images ``y_i = IFFT(C_i F(p)) + noise`` of one projection ``p`` are combined as the Wiener
+estimate ``sum_i C_i F(y_i) / (sum_i C_i^2 + 1 / snr)`` (:func:`wiener_average`), which estimates
+``p`` itself, without the CTF. The search for neighbours runs on phase-flipped images
+(:func:`phase_flip`, ``F(y_i) sign(C_i)``), whose low frequencies all have the projection's sign.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import tempfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["CTF", "ctf_images", "apply_ctf", "phase_flip", "wiener_filter", "wiener_average",
+           "read_star", "write_star", "electron_wavelength"]
+
+_STAR_HINT = "pip install invariant_cluster[cryoem] (or: pip install starfile)"
+# RELION's label of each CTF field (the optics group holds the last four in RELION >= 3.1)
+STAR_COLUMNS = {
+    "defocus_u": "rlnDefocusU",
+    "defocus_v": "rlnDefocusV",
+    "defocus_angle": "rlnDefocusAngle",
+    "voltage": "rlnVoltage",
+    "spherical_aberration": "rlnSphericalAberration",
+    "amplitude_contrast": "rlnAmplitudeContrast",
+    "pixel_size": "rlnImagePixelSize",
+    "phase_shift": "rlnPhaseShift",
+}
+_OPTIONAL = {"phase_shift": 0.0}
+
+
+def electron_wavelength(voltage_kv):
+    """Relativistic electron wavelength in ångström for an acceleration voltage in kV."""
+    v = np.asarray(voltage_kv, dtype=np.float64) * 1e3
+    return 12.2643247 / np.sqrt(v * (1.0 + 0.978466e-6 * v))
+
+
+@dataclass(frozen=True)
+class CTF:
+    """CTF parameters of ``n`` images (arrays of shape ``(n,)``; scalars are broadcast).
+
+    Parameters
+    ----------
+    defocus_u, defocus_v : array-like of shape (n,)
+        Defocus along and across the astigmatism angle, in ångström, positive for underfocus
+        (``defocus_v`` None: equal to ``defocus_u``, no astigmatism).
+    defocus_angle : float or array-like, default=0
+        Astigmatism angle in degrees (see the module's Convention).
+    voltage : float or array-like, default=300
+        Acceleration voltage in kV.
+    spherical_aberration : float or array-like, default=2.7
+        ``Cs`` in mm.
+    amplitude_contrast : float or array-like, default=0.1
+        In ``[0, 1)``.
+    pixel_size : float or array-like, default=1.0
+        Ångström per pixel, positive.
+    phase_shift : float or array-like, default=0
+        Additional phase shift in degrees (phase plates).
+
+    Examples
+    --------
+    >>> from invariant_cluster.ctf import CTF, ctf_images
+    >>> ctf = CTF([15000.0, 20000.0], voltage=200, spherical_aberration=2.0, pixel_size=5.0)
+    >>> len(ctf), ctf_images(ctf, (64, 64)).shape
+    (2, torch.Size([2, 64, 64]))
+    >>> round(float(ctf_images(ctf, (64, 64))[0, 0, 0]), 6)   # A at zero frequency
+    0.1
+    """
+
+    defocus_u: np.ndarray
+    defocus_v: np.ndarray | None = None
+    defocus_angle: np.ndarray | float = 0.0
+    voltage: np.ndarray | float = 300.0
+    spherical_aberration: np.ndarray | float = 2.7
+    amplitude_contrast: np.ndarray | float = 0.1
+    pixel_size: np.ndarray | float = 1.0
+    phase_shift: np.ndarray | float = 0.0
+
+    def __post_init__(self):
+        if self.defocus_v is None:
+            object.__setattr__(self, "defocus_v", self.defocus_u)
+        values = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                v = v.detach().cpu().numpy()
+            try:
+                arr = np.asarray(v, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise TypeError(f"{f.name}: expected real numbers, got {v!r}") from None
+            if arr.ndim > 1:
+                raise ValueError(f"{f.name}: expected a number or an array of shape (n,), got "
+                                 f"shape {arr.shape}")
+            values[f.name] = arr
+        n = max((a.shape[0] for a in values.values() if a.ndim == 1), default=1)
+        for name, arr in values.items():
+            if arr.ndim == 1 and arr.shape[0] != n:
+                raise ValueError(f"{name}: expected {n} values (one per image), got "
+                                 f"{arr.shape[0]}")
+            arr = np.broadcast_to(arr, (n,)).copy()
+            arr.setflags(write=False)
+            if not np.isfinite(arr).all():
+                raise ValueError(f"{name}: contains NaN or infinity")
+            object.__setattr__(self, name, arr)
+        _check_range(self.defocus_u, "defocus_u", lambda a: a >= 0,
+                     "non-negative (underfocus, in ångström)")
+        _check_range(self.defocus_v, "defocus_v", lambda a: a >= 0,
+                     "non-negative (underfocus, in ångström)")
+        _check_range(self.voltage, "voltage", lambda a: a > 0, "positive (kV)")
+        _check_range(self.spherical_aberration, "spherical_aberration", lambda a: a >= 0,
+                     "non-negative (mm)")
+        _check_range(self.amplitude_contrast, "amplitude_contrast",
+                     lambda a: (a >= 0) & (a < 1), "in [0, 1)")
+        _check_range(self.pixel_size, "pixel_size", lambda a: a > 0, "positive (ångström)")
+
+    def __len__(self) -> int:
+        return int(self.defocus_u.shape[0])
+
+    def __getitem__(self, index) -> CTF:
+        """The parameters of the images ``index`` (an int, a slice or an index array)."""
+        idx = np.atleast_1d(np.arange(len(self))[index])
+        return CTF(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+    def warped(self, params) -> CTF:
+        """The CTF of each image once warped by ``params`` ``(n, 3)`` or ``(n, 4)`` (the
+        convention of :mod:`invariant_cluster.transforms`): the astigmatism turns with it."""
+        p = np.asarray(params.detach().cpu() if isinstance(params, torch.Tensor) else params,
+                       dtype=np.float64).reshape(-1, np.shape(params)[-1])
+        if p.shape[0] != len(self):
+            raise ValueError(f"params: expected {len(self)} rows, got {p.shape[0]}")
+        angle = self.defocus_angle
+        if p.shape[1] == 4:
+            angle = np.where(p[:, 3] > 0.5, -angle, angle)
+        new = {f.name: getattr(self, f.name) for f in fields(self)}
+        new["defocus_angle"] = angle - p[:, 0]
+        return CTF(**new)
+
+
+def _check_range(arr, name, ok, expected):
+    bad = ~ok(arr)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name}: expected {expected} values, got {arr[i]!r} at image {i}")
+
+
+def _check_ctf(ctf, n=None, name="ctf") -> CTF:
+    if not isinstance(ctf, CTF):
+        raise TypeError(f"{name}: expected an invariant_cluster.ctf.CTF, got "
+                        f"{type(ctf).__name__}")
+    if n is not None and len(ctf) != n:
+        raise ValueError(f"{name}: expected the parameters of {n} images, got {len(ctf)}")
+    return ctf
+
+
+def _check_shape(shape):
+    try:
+        h, w = (int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"shape: expected (H, W), got {shape!r}") from None
+    if h < 1 or w < 1:
+        raise ValueError(f"shape: expected positive (H, W), got {shape!r}")
+    return h, w
+
+
+def _frequencies(h, w, *, half, dtype, device):
+    """``(ky, kx)`` grids in cycles per pixel, ``(H, W)`` or ``(H, W // 2 + 1)`` (``half``)."""
+    ky = torch.fft.fftfreq(h, dtype=dtype, device=device)
+    kx = (torch.fft.rfftfreq if half else torch.fft.fftfreq)(w, dtype=dtype, device=device)
+    return torch.meshgrid(ky, kx, indexing="ij")
+
+
+def ctf_images(ctf: CTF, shape, *, dtype=torch.float64, device="cpu", half=False):
+    """The CTF of each image on the FFT grid of ``shape`` ``(H, W)`` pixels.
+
+    Parameters
+    ----------
+    ctf : CTF
+        ``n`` images' parameters.
+    shape : (int, int)
+        ``(H, W)``.
+    dtype : torch.dtype, default=torch.float64
+    device : str or torch.device, default="cpu"
+    half : bool, default=False
+        Only the ``W // 2 + 1`` columns of ``torch.fft.rfft2`` (the CTF is even in ``k``).
+
+    Returns
+    -------
+    values : torch.Tensor of shape (n, H, W) or (n, H, W // 2 + 1)
+        Zero frequency at ``[0, 0]`` (``torch.fft.fftfreq`` order; ``torch.fft.fftshift``
+        centres it).
+    """
+    ctf = _check_ctf(ctf)
+    h, w = _check_shape(shape)
+    ky, kx = _frequencies(h, w, half=half, dtype=dtype, device=device)
+
+    def col(a):
+        return torch.tensor(np.asarray(a), dtype=dtype, device=device)[:, None, None]
+
+    px = col(ctf.pixel_size)
+    k2 = (kx ** 2 + ky ** 2)[None] / px ** 2  # (cycles per ångström)^2
+    phi = torch.atan2(ky, kx)[None]
+    lam = col(electron_wavelength(ctf.voltage))
+    mean = col((ctf.defocus_u + ctf.defocus_v) / 2.0)
+    diff = col((ctf.defocus_u - ctf.defocus_v) / 2.0)
+    angle = col(np.deg2rad(ctf.defocus_angle))
+    defocus = mean + diff * torch.cos(2.0 * (phi - angle))
+    cs = col(ctf.spherical_aberration * 1e7)  # mm -> ångström
+    chi = (math.pi * lam * defocus * k2 - 0.5 * math.pi * cs * lam ** 3 * k2 ** 2
+           + col(np.deg2rad(ctf.phase_shift)))
+    amp = col(ctf.amplitude_contrast)
+    return torch.sqrt(1.0 - amp ** 2) * torch.sin(chi) + amp * torch.cos(chi)
+
+
+def _as_image_tensor(images, n=None, name="images"):
+    """``(tensor (n, H, W) float, is_numpy)``; 2-D input is one image."""
+    is_numpy = not isinstance(images, torch.Tensor)
+    x = torch.as_tensor(np.asarray(images)) if is_numpy else images
+    if x.dtype.is_complex or x.dtype == torch.bool:
+        raise TypeError(f"{name}: expected real numbers, got dtype {x.dtype}")
+    if not x.is_floating_point():
+        x = x.to(torch.float32)
+    if x.ndim == 2:
+        x = x[None]
+    if x.ndim != 3:
+        raise ValueError(f"{name}: expected shape (n, H, W), got {tuple(x.shape)}")
+    if n is not None and x.shape[0] != n:
+        raise ValueError(f"{name}: expected {n} images (one per CTF), got {x.shape[0]}")
+    return x, is_numpy
+
+
+def _filtered(images, ctf, gain):
+    """``IFFT(gain(C) F(images))`` for images ``(n, H, W)``, NumPy in, NumPy out."""
+    ctf = _check_ctf(ctf)
+    x, is_numpy = _as_image_tensor(images, len(ctf))
+    h, w = x.shape[-2:]
+    C = ctf_images(ctf, (h, w), dtype=x.dtype, device=x.device, half=True)
+    out = torch.fft.irfft2(torch.fft.rfft2(x) * gain(C), s=(h, w))
+    return out.cpu().numpy() if is_numpy else out
+
+
+def apply_ctf(images, ctf):
+    """Each image filtered by its CTF (a simulation of the microscope), ``(n, H, W)``."""
+    return _filtered(images, ctf, lambda C: C)
+
+
+def phase_flip(images, ctf):
+    """Each image with the sign of its CTF undone in Fourier space: ``IFFT(sign(C) F(y))``.
+
+    Parameters
+    ----------
+    images : array-like or torch.Tensor of shape (n, H, W)
+    ctf : CTF of length n
+
+    Returns
+    -------
+    flipped : same type and shape as ``images``
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from invariant_cluster.ctf import CTF, apply_ctf, phase_flip
+    >>> rng = np.random.default_rng(0)
+    >>> p = rng.random((1, 32, 32))
+    >>> ctf = CTF([20000.0], voltage=200, pixel_size=3.0)
+    >>> y = phase_flip(apply_ctf(p, ctf), ctf)          # |C| F(p): no sign changes left
+    >>> bool(np.corrcoef(y.ravel(), p.ravel())[0, 1] > 0)
+    True
+    """
+    return _filtered(images, ctf, torch.sign)
+
+
+def wiener_filter(images, ctf, *, snr=1.0):
+    """Each image Wiener-filtered by its own CTF: ``IFFT(C F(y) / (C^2 + 1 / snr))``."""
+    snr = _check_snr(snr)
+    return _filtered(images, ctf, lambda C: C / (C ** 2 + 1.0 / snr))
+
+
+def _check_snr(snr):
+    if isinstance(snr, bool) or not isinstance(snr, numbers.Real):
+        raise TypeError(f"snr: expected a positive number, got {snr!r}")
+    if not (math.isfinite(snr) and snr > 0):
+        raise ValueError(f"snr: expected a positive finite number, got {snr!r}")
+    return float(snr)
+
+
+def wiener_combine(images: torch.Tensor, C: torch.Tensor, snr: float) -> torch.Tensor:
+    """Tensor core of :func:`wiener_average`: ``images`` ``(..., k, H, W)`` aligned, ``C``
+    ``(..., k, H, W // 2 + 1)`` their CTFs (half grid); the ``(..., H, W)`` estimates."""
+    h, w = images.shape[-2:]
+    F = torch.fft.rfft2(images)
+    num = (C * F).sum(-3)
+    den = (C ** 2).sum(-3) + 1.0 / snr
+    return torch.fft.irfft2(num / den, s=(h, w))
+
+
+def wiener_average(images, ctf, *, snr=1.0):
+    """CTF-corrected average of aligned images: ``IFFT(sum_i C_i F(y_i) / (sum_i C_i^2 +
+    1 / snr))``, an estimate of the image without CTF.
+
+    Parameters
+    ----------
+    images : array-like or torch.Tensor of shape (k, H, W)
+        Images of one object, already aligned with one another.
+    ctf : CTF of length k
+        Each image's CTF (for images warped into alignment: :meth:`CTF.warped`).
+    snr : float, default=1.0
+        Signal-to-noise ratio of one image (variance of the signal over that of the noise):
+        the regularisation ``1 / snr`` keeps the frequencies where every CTF vanishes at zero.
+
+    Returns
+    -------
+    average : ndarray or torch.Tensor of shape (H, W)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from invariant_cluster.ctf import CTF, apply_ctf, wiener_average
+    >>> rng = np.random.default_rng(0)
+    >>> p = rng.random((32, 32))
+    >>> ctf = CTF([10000.0, 15000.0, 20000.0, 25000.0], voltage=200, pixel_size=3.0)
+    >>> y = apply_ctf(np.stack([p] * 4), ctf)
+    >>> avg = wiener_average(y, ctf, snr=1e6)
+    >>> bool(np.corrcoef(avg.ravel(), p.ravel())[0, 1] > 0.99)
+    True
+    """
+    ctf = _check_ctf(ctf)
+    snr = _check_snr(snr)
+    x, is_numpy = _as_image_tensor(images, len(ctf))
+    C = ctf_images(ctf, x.shape[-2:], dtype=x.dtype, device=x.device, half=True)
+    out = wiener_combine(x, C, snr)
+    return out.cpu().numpy() if is_numpy else out
+
+
+# ----------------------------------------------------------------------------- STAR files
+def _starfile():
+    try:
+        import starfile
+    except ImportError:
+        raise ImportError(f"reading or writing STAR files needs starfile: {_STAR_HINT}") \
+            from None
+    return starfile
+
+
+def _blocks(path):
+    """``{name: DataFrame}`` of a STAR file's loops."""
+    import pandas as pd
+
+    starfile = _starfile()
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        data = starfile.read(path, always_dict=True)
+    except Exception as exc:  # starfile raises many kinds on malformed input
+        raise ValueError(f"{path}: cannot read it as a STAR file ({exc})") from None
+    return {k: v for k, v in data.items() if isinstance(v, pd.DataFrame)}
+
+
+def _particles_block(blocks, path):
+    for name in ("particles", "images"):
+        if name in blocks:
+            return blocks[name]
+    loops = [df for name, df in blocks.items() if name != "optics"]
+    if len(loops) == 1:
+        return loops[0]
+    raise ValueError(f"{path}: expected a data_particles block (or a single table), got "
+                     f"blocks {sorted(blocks)}")
+
+
+def _pixel_size(table, path):
+    if "rlnImagePixelSize" in table:
+        return table["rlnImagePixelSize"]
+    if "rlnDetectorPixelSize" in table and "rlnMagnification" in table:
+        # RELION 3.0: pixel size = detector pixel (um) * 1e4 / magnification
+        return table["rlnDetectorPixelSize"] * 1e4 / table["rlnMagnification"]
+    return None
+
+
+def read_star(path, *, n_images=None):
+    """The CTF of each particle of a RELION STAR file (``_data.star``, ``particles.star``).
+
+    Needs the optional package ``starfile`` (``pip install invariant_cluster[cryoem]``).
+    RELION >= 3.1 files (a ``data_optics`` block joined on ``rlnOpticsGroup``) and 3.0 files
+    (every column in the particles' table) are both read.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    n_images : int, optional
+        The number of images of the stack the file describes: a different number of rows is a
+        ``ValueError``.
+
+    Returns
+    -------
+    ctf : CTF
+        One row per particle, in the file's order.
+    table : pandas.DataFrame
+        The particles' table as read (for :func:`write_star`).
+
+    Raises
+    ------
+    ValueError
+        A column missing or holding something else than numbers (the message names the column),
+        rows not matching ``n_images``, or values out of range (negative defocus, non-positive
+        pixel size).
+    """
+    blocks = _blocks(path)
+    table = _particles_block(blocks, path)
+    optics = blocks.get("optics")
+    merged = table
+    if optics is not None and "rlnOpticsGroup" in table and "rlnOpticsGroup" in optics:
+        extra = [c for c in optics.columns if c not in table.columns or c == "rlnOpticsGroup"]
+        merged = table.merge(optics[extra], on="rlnOpticsGroup", how="left")
+        if merged[extra].isna().any().any():
+            bad = sorted(set(table["rlnOpticsGroup"]) - set(optics["rlnOpticsGroup"]))
+            raise ValueError(f"{path}: rlnOpticsGroup {bad} not in the data_optics block")
+    if n_images is not None and len(table) != n_images:
+        raise ValueError(f"star: {path} has {len(table)} particle rows, expected {n_images} "
+                         "(one per image of the stack)")
+    values = {}
+    for field, column in STAR_COLUMNS.items():
+        col = _pixel_size(merged, path) if field == "pixel_size" else merged.get(column)
+        if col is None:
+            if field in _OPTIONAL:
+                continue
+            raise ValueError(f"{path}: missing column {column} ({field.replace('_', ' ')})")
+        try:
+            values[field] = np.asarray(col, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"{path}: column {column} holds values that are not numbers") \
+                from None
+        if not np.isfinite(values[field]).all():
+            raise ValueError(f"{path}: column {column} holds missing or infinite values")
+    try:
+        ctf = CTF(**values)
+    except ValueError as exc:
+        field = str(exc).split(":")[0]
+        raise ValueError(f"{path}: column {STAR_COLUMNS.get(field, field)}: "
+                         f"{str(exc).split(':', 1)[1].strip()}") from None
+    return ctf, table
+
+
+def write_star(path, table, *, optics=None, overwrite=True):
+    """Write a particles table (a pandas DataFrame, RELION's labels as columns) as a STAR
+    file, through a temporary file in the same folder renamed at the end (nothing is left
+    half-written).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    table : pandas.DataFrame
+        Written as ``data_particles``.
+    optics : pandas.DataFrame, optional
+        Written first as ``data_optics`` (RELION >= 3.1).
+    overwrite : bool, default=True
+    """
+    import pandas as pd
+
+    starfile = _starfile()
+    if not isinstance(table, pd.DataFrame):
+        raise TypeError(f"table: expected a pandas DataFrame, got {type(table).__name__}")
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path}: exists (overwrite=False)")
+    blocks = {} if optics is None else {"optics": optics}
+    blocks["particles"] = table
+    fd, tmp = tempfile.mkstemp(suffix=".star", dir=path.parent or ".")
+    os.close(fd)
+    try:
+        starfile.write(blocks, tmp, overwrite=True)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
