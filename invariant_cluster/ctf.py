@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 __all__ = ["CTF", "ctf_images", "apply_ctf", "phase_flip", "wiener_filter", "wiener_average",
-           "read_star", "write_star", "electron_wavelength"]
+           "read_star", "write_star", "star_tables", "electron_wavelength"]
 
 _STAR_HINT = "pip install invariant_cluster[cryoem] (or: pip install starfile)"
 # RELION's label of each CTF field (the optics group holds the last four in RELION >= 3.1)
@@ -119,7 +119,9 @@ class CTF:
                 raise ValueError(f"{f.name}: expected a number or an array of shape (n,), got "
                                  f"shape {arr.shape}")
             values[f.name] = arr
-        n = max((a.shape[0] for a in values.values() if a.ndim == 1), default=1)
+        # the number of images: defocus_u's, else the longest array given
+        n = values["defocus_u"].shape[0] if values["defocus_u"].ndim == 1 else max(
+            (a.shape[0] for a in values.values() if a.ndim == 1), default=1)
         for name, arr in values.items():
             if arr.ndim == 1 and arr.shape[0] != n:
                 raise ValueError(f"{name}: expected {n} values (one per image), got "
@@ -224,18 +226,37 @@ def ctf_images(ctf: CTF, shape, *, dtype=torch.float64, device="cpu", half=False
         return torch.tensor(np.asarray(a), dtype=dtype, device=device)[:, None, None]
 
     px = col(ctf.pixel_size)
-    k2 = (kx ** 2 + ky ** 2)[None] / px ** 2  # (cycles per ångström)^2
-    phi = torch.atan2(ky, kx)[None]
     lam = col(electron_wavelength(ctf.voltage))
     mean = col((ctf.defocus_u + ctf.defocus_v) / 2.0)
     diff = col((ctf.defocus_u - ctf.defocus_v) / 2.0)
     angle = col(np.deg2rad(ctf.defocus_angle))
-    defocus = mean + diff * torch.cos(2.0 * (phi - angle))
     cs = col(ctf.spherical_aberration * 1e7)  # mm -> ångström
-    chi = (math.pi * lam * defocus * k2 - 0.5 * math.pi * cs * lam ** 3 * k2 ** 2
-           + col(np.deg2rad(ctf.phase_shift)))
+    shift = col(np.deg2rad(ctf.phase_shift))
     amp = col(ctf.amplitude_contrast)
-    return torch.sqrt(1.0 - amp ** 2) * torch.sin(chi) + amp * torch.cos(chi)
+
+    def values(ky, kx):
+        k2 = (kx ** 2 + ky ** 2)[None] / px ** 2  # (cycles per ångström)^2
+        defocus = mean + diff * torch.cos(2.0 * (torch.atan2(ky, kx)[None] - angle))
+        chi = (math.pi * lam * defocus * k2 - 0.5 * math.pi * cs * lam ** 3 * k2 ** 2 + shift)
+        return torch.sqrt(1.0 - amp ** 2) * torch.sin(chi) + amp * torch.cos(chi)
+
+    C = values(ky, kx)
+    # Maintenance note: on an even axis the Nyquist frequency -1/2 is also +1/2; with
+    # astigmatism the CTF differs there off the other axis, and a filter that is not the same at
+    # both would not map real images to real images. It is the mean of the two.
+    if h % 2 == 0:
+        i = h // 2
+        C[:, i] = 0.5 * (values(ky[i:i + 1], kx[i:i + 1])
+                         + values(-ky[i:i + 1], kx[i:i + 1]))[:, 0]
+    if w % 2 == 0:
+        j = w // 2
+        C[:, :, j] = 0.5 * (values(ky[:, j:j + 1], kx[:, j:j + 1])
+                            + values(ky[:, j:j + 1], -kx[:, j:j + 1]))[:, :, 0]
+        if h % 2 == 0:  # the corner: the mean over its four aliases
+            i = h // 2
+            C[:, i, j] = 0.25 * sum(values(sy * ky[i:i + 1, j:j + 1], sx * kx[i:i + 1, j:j + 1])
+                                    for sy in (1, -1) for sx in (1, -1))[:, 0, 0]
+    return C
 
 
 def _as_image_tensor(images, n=None, name="images"):
@@ -465,6 +486,29 @@ def read_star(path, *, n_images=None):
         raise ValueError(f"{path}: column {STAR_COLUMNS.get(field, field)}: "
                          f"{str(exc).split(':', 1)[1].strip()}") from None
     return ctf, table
+
+
+_OPTICS_FIELDS = ("voltage", "spherical_aberration", "amplitude_contrast", "pixel_size")
+
+
+def star_tables(ctf: CTF):
+    """RELION >= 3.1 tables of ``ctf``: ``(optics, particles)`` pandas DataFrames, one optics
+    group per distinct (voltage, Cs, amplitude contrast, pixel size), the particles' defocus,
+    angle and phase shift with their ``rlnOpticsGroup`` (for :func:`write_star`)."""
+    import pandas as pd
+
+    ctf = _check_ctf(ctf)
+    key = np.stack([getattr(ctf, f) for f in _OPTICS_FIELDS], 1)
+    groups, inverse = np.unique(key, axis=0, return_inverse=True)
+    optics = pd.DataFrame({"rlnOpticsGroupName": [f"opticsGroup{i + 1}"
+                                                  for i in range(len(groups))],
+                           "rlnOpticsGroup": np.arange(1, len(groups) + 1)})
+    for j, f in enumerate(_OPTICS_FIELDS):
+        optics[STAR_COLUMNS[f]] = groups[:, j]
+    particles = pd.DataFrame({STAR_COLUMNS[f]: getattr(ctf, f) for f in
+                              ("defocus_u", "defocus_v", "defocus_angle", "phase_shift")})
+    particles["rlnOpticsGroup"] = inverse.reshape(-1) + 1
+    return optics, particles
 
 
 def write_star(path, table, *, optics=None, overwrite=True):

@@ -1,0 +1,452 @@
+"""The contrast transfer function (:mod:`invariant_cluster.ctf`) against an independent float64
+formula, the CTF-corrected class averages, STAR files, and the rotation centre of even boxes."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from invariant_cluster import aligned_neighbors, class_averages, warp_se2
+from invariant_cluster.ctf import (
+    CTF,
+    apply_ctf,
+    ctf_images,
+    phase_flip,
+    read_star,
+    star_tables,
+    wiener_average,
+    wiener_filter,
+    write_star,
+)
+from invariant_cluster.transforms import centre_padding, rotation_centre
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+
+# ----------------------------------------------------------------------------- reference
+def reference_ctf(h, w, *, du, dv, angle_deg, kv, cs_mm, amp, px, phase_deg=0.0):
+    """RELION's ``CTF::getCTF`` written out in float64 NumPy (``-sin(K1 df u^2 + K2 u^4 - K5 -
+    K3)`` with RELION's negative defocus), on ``np.fft.fftfreq``'s grid."""
+    volts = kv * 1e3
+    lam = 12.2643247 / math.sqrt(volts * (1.0 + volts * 0.978466e-6))
+    K1 = math.pi * lam
+    K2 = math.pi / 2.0 * cs_mm * 1e7 * lam ** 3
+    K3 = math.atan(amp / math.sqrt(1.0 - amp ** 2))
+    K5 = math.radians(phase_deg)
+    Y, X = np.meshgrid(np.fft.fftfreq(h) / px, np.fft.fftfreq(w) / px, indexing="ij")
+    u2 = X ** 2 + Y ** 2
+    ellipse = np.arctan2(Y, X) - math.radians(angle_deg)
+    deltaf = -(du + dv) / 2.0 + -(du - dv) / 2.0 * np.cos(2.0 * ellipse)
+    return -np.sin(K1 * deltaf * u2 + K2 * u2 ** 2 - K5 - K3)
+
+
+PARAMS = [dict(du=15000.0, dv=11000.0, angle_deg=34.4, kv=200.0, cs_mm=2.0, amp=0.1, px=5.0),
+          dict(du=9000.0, dv=9000.0, angle_deg=0.0, kv=300.0, cs_mm=2.7, amp=0.07, px=1.1),
+          dict(du=21000.0, dv=18000.0, angle_deg=-75.0, kv=300.0, cs_mm=0.01, amp=0.0, px=2.0,
+               phase_deg=90.0)]
+
+
+def as_ctf(p):
+    return CTF([p["du"]], [p["dv"]], p["angle_deg"], p["kv"], p["cs_mm"], p["amp"], p["px"],
+               p.get("phase_deg", 0.0))
+
+
+def projection(L, seed=0, border=0):
+    """A smooth random image (a sum of Gaussian blobs), zero within ``border`` pixels of the
+    edges when ``border`` > 0."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[:L, :L].astype(np.float64)
+    img = np.zeros((L, L))
+    for _ in range(6):
+        cy, cx = rng.uniform(0.3 * L, 0.7 * L, 2)
+        s = rng.uniform(1.0, 0.08 * L)
+        img += rng.uniform(0.5, 1.0) * np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * s * s))
+    if border:
+        img[:border] = img[-border:] = 0.0
+        img[:, :border] = img[:, -border:] = 0.0
+    return img
+
+
+class TestCTFValues:
+    @pytest.mark.parametrize("p", PARAMS)
+    @pytest.mark.parametrize("shape", [(64, 64), (33, 33), (40, 48)])
+    def test_matches_reference(self, p, shape):
+        ours = ctf_images(as_ctf(p), shape, dtype=torch.float64)[0].numpy()
+        ref = reference_ctf(*shape, **p)
+        # (the Nyquist row and column of even sizes: test_nyquist_is_the_mean_of_its_aliases)
+        rows = [i for i in range(shape[0]) if 2 * i != shape[0]]
+        cols = [j for j in range(shape[1]) if 2 * j != shape[1]]
+        np.testing.assert_allclose(ours[np.ix_(rows, cols)], ref[np.ix_(rows, cols)],
+                                   atol=1e-10)
+
+    def test_half_grid_is_rfft_columns(self):
+        c = as_ctf(PARAMS[0])
+        full = ctf_images(c, (32, 32))[0]
+        half = ctf_images(c, (32, 32), half=True)[0]
+        np.testing.assert_allclose(half.numpy(), full[:, :17].numpy(), atol=1e-12)
+
+    def test_nyquist_is_the_mean_of_its_aliases(self):
+        # on an even axis -1/2 is also +1/2: the filter must be the same at both (real images
+        # stay real), and is the mean of the formula at the two
+        p = PARAMS[0]
+        C = ctf_images(as_ctf(p), (16, 16))[0].numpy()
+        ref = reference_ctf(16, 16, **p)
+        flipped = reference_ctf(16, 16, **{**p, "angle_deg": -p["angle_deg"]})  # ky -> -ky
+        np.testing.assert_allclose(C[8, 1:8], 0.5 * (ref[8, 1:8] + flipped[8, 1:8]), atol=1e-12)
+        np.testing.assert_allclose(C[8, 1:], C[8, 1:][::-1], atol=1e-12)  # kx <-> -kx
+        np.testing.assert_allclose(C[1:, 8], C[1:, 8][::-1], atol=1e-12)
+
+    def test_zero_frequency_is_amplitude_contrast(self):
+        c = CTF([12000.0, 30000.0], amplitude_contrast=[0.1, 0.25])
+        np.testing.assert_allclose(ctf_images(c, (16, 16))[:, 0, 0].numpy(), [0.1, 0.25])
+
+    @pytest.mark.parametrize("j", [6, 11])
+    def test_first_zero_where_predicted(self, j):
+        # chi(k) = pi lam df k^2 - pi/2 Cs lam^3 k^4 + asin(A) = pi at the first zero: solved
+        # for k^2, and the pixel size chosen so that k is the j-th frequency of a 64 box
+        kv, cs, amp, df, L = 300.0, 2.7, 0.1, 20000.0, 64
+        lam = 12.2643247 / math.sqrt(kv * 1e3 * (1.0 + kv * 1e3 * 0.978466e-6))
+        a, b, c = -math.pi / 2 * cs * 1e7 * lam ** 3, math.pi * lam * df, math.asin(amp) - math.pi
+        k2 = (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
+        px = j / (L * math.sqrt(k2))
+        C = ctf_images(CTF([df], voltage=kv, spherical_aberration=cs, amplitude_contrast=amp,
+                           pixel_size=px), (L, L))[0].numpy()
+        assert abs(C[0, j]) < 1e-9 and abs(C[j, 0]) < 1e-9 and abs(C[0, -j]) < 1e-9
+        # a sign change there: positive before the zero, negative after
+        assert C[0, j - 1] > 0 > C[0, j + 1]
+        assert (C[0, 1:j] > 0).all()
+
+    def test_astigmatism_turns_with_the_angle(self):
+        # defocus U along the angle: the CTF along direction phi with angle a equals the CTF
+        # along phi - a with angle 0
+        c0 = CTF([20000.0], [12000.0], 0.0, pixel_size=2.0)
+        c90 = CTF([20000.0], [12000.0], 90.0, pixel_size=2.0)
+        C0, C90 = (ctf_images(c, (32, 32))[0].numpy() for c in (c0, c90))
+        np.testing.assert_allclose(C90, C0.T, atol=1e-12)  # the x and y axes swap
+        assert not np.allclose(C0, C0.T, atol=1e-3)
+
+    @pytest.mark.parametrize("params", [[90.0, 0, 0], [-90.0, 0, 0], [180.0, 0, 0],
+                                        [0.0, 0, 0, 1], [90.0, 0, 0, 1]])
+    def test_warp_commutes_with_ctf(self, params):
+        # rot90 / flip are exact on the pixel grid: T(IFFT(C F(p))) = IFFT(C' F(T p)) with C'
+        # the CTF turned by the warp (CTF.warped)
+        p = projection(33)[None]
+        c = CTF([18000.0], [11000.0], 27.0, voltage=200, pixel_size=3.0)
+        lhs = warp_se2(apply_ctf(p, c), [params])
+        rhs = apply_ctf(warp_se2(p, [params]), c.warped(np.array([params], float)))
+        np.testing.assert_allclose(lhs, rhs, atol=1e-6)
+
+    def test_float32_and_device(self):
+        c = as_ctf(PARAMS[0])
+        x = ctf_images(c, (16, 16), dtype=torch.float32)
+        assert x.dtype == torch.float32 and x.device.type == "cpu"
+        if torch.cuda.is_available():
+            g = ctf_images(c, (16, 16), dtype=torch.float32, device="cuda")
+            assert g.device.type == "cuda"
+            np.testing.assert_allclose(g.cpu().numpy(), x.numpy(), atol=1e-5)
+
+
+class TestFilters:
+    def test_phase_flip_undoes_the_sign(self):
+        p = projection(32)[None]
+        c = as_ctf(PARAMS[0])
+        C = ctf_images(c, (32, 32), half=True)[0].numpy()
+        flipped = phase_flip(apply_ctf(p, c), c)
+        np.testing.assert_allclose(np.fft.rfft2(flipped[0]), np.abs(C) * np.fft.rfft2(p[0]),
+                                   atol=1e-9)
+        # and a phase flip is its own inverse where the CTF is not zero
+        y = apply_ctf(p, c)
+        np.testing.assert_allclose(phase_flip(phase_flip(y, c), c), y, atol=1e-9)
+
+    def test_wiener_filter_formula(self):
+        p = projection(32)[None]
+        c = as_ctf(PARAMS[1])
+        C = ctf_images(c, (32, 32), half=True)[0].numpy()
+        out = wiener_filter(p, c, snr=2.0)
+        np.testing.assert_allclose(np.fft.rfft2(out[0]), C / (C ** 2 + 0.5) * np.fft.rfft2(p[0]),
+                                   atol=1e-9)
+
+    def test_average_of_defocus_series_recovers_the_projection(self):
+        p = projection(48)
+        ctf = CTF(np.linspace(10000.0, 25000.0, 7), voltage=200, spherical_aberration=2.0,
+                  pixel_size=5.0)
+        y = apply_ctf(np.stack([p] * 7), ctf)
+        for one in y:  # each image alone is far from the projection (the CTF's sign flips)
+            assert np.corrcoef(one.ravel(), p.ravel())[0, 1] < 0.9
+        avg = wiener_average(y, ctf, snr=1e9)
+        assert np.abs(avg - p).max() < 1e-5 * np.abs(p).max()
+
+    def test_torch_in_torch_out(self):
+        c = as_ctf(PARAMS[0])
+        x = torch.as_tensor(projection(16)[None], dtype=torch.float32)
+        out = phase_flip(x, c)
+        assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
+
+
+# ----------------------------------------------------------------------------- class averages
+class TestClassAverages:
+    def setup_data(self, L=33, n_views=2, copies=6, astig=True):
+        """Copies of ``n_views`` projections, each turned by k * 90 degrees, each under its own
+        CTF (defocus 10,000 to 25,000 A): the clean images, the CTF images and the truth."""
+        views = [projection(L, seed=s, border=3) for s in range(n_views)]
+        clean, label = [], []
+        for v, img in enumerate(views):
+            for c in range(copies):
+                clean.append(np.rot90(img, c % 4))
+                label.append(v)
+        clean = np.stack(clean)
+        n = len(clean)
+        rng = np.random.default_rng(3)
+        du = rng.uniform(10000.0, 25000.0, n)
+        ctf = CTF(du, du - (3000.0 if astig else 0.0), rng.uniform(-90, 90, n), voltage=200,
+                  spherical_aberration=2.0, pixel_size=5.0)
+        return clean, apply_ctf(clean, ctf).astype(np.float32), ctf, np.array(label)
+
+    def test_one_step_recovers_each_projection(self):
+        clean, y, ctf, _ = self.setup_data()
+        avg = class_averages(y, n_neighbors=5, ctf=ctf, snr=1e6, n_rotations=4, refine=False,
+                             device="cpu")
+        err = np.abs(avg - clean).max() / np.abs(clean).max()
+        assert err < 1e-3
+        # without the CTF correction the averages are far off
+        plain = class_averages(y, n_neighbors=5, n_rotations=4, refine=False, device="cpu")
+        assert np.abs(plain - clean).max() / np.abs(clean).max() > 0.3
+
+    def test_labels_recover_each_view(self):
+        clean, y, ctf, label = self.setup_data()
+        means, tau = class_averages(y, labels=label, ctf=ctf, snr=1e6, n_rotations=4,
+                                    refine=False, device="cpu", return_alignments=True)
+        assert means.shape == (2, 33, 33) and tau.shape == (len(y), 3)
+        for v in range(2):
+            truth = clean[label == v][0]
+            err = min(np.abs(means[v] - np.rot90(truth, k)).max() for k in range(4))
+            assert err < 1e-3 * np.abs(truth).max()
+            # each image's alignment maps its clean image onto the class's average
+            members = np.flatnonzero(label == v)
+            warped = warp_se2(clean[members].astype(np.float32), tau[members])
+            assert np.abs(warped - means[v]).max() < 1e-3 * np.abs(truth).max()
+
+    def test_search_on_phase_flipped_images(self):
+        _, y, ctf, label = self.setup_data(copies=8)
+        ind, _ = aligned_neighbors(y, n_neighbors=7, ctf=ctf, n_rotations=4, refine=False,
+                                   device="cpu")
+        assert (label[ind] == label[:, None]).all()
+
+    def test_bad_ctf_arguments(self):
+        _, y, ctf, _ = self.setup_data()
+        with pytest.raises(ValueError, match="ctf: expected the parameters of 12 images"):
+            class_averages(y, n_neighbors=3, ctf=ctf[:5], n_rotations=4, device="cpu")
+        with pytest.raises(TypeError, match="ctf: expected an invariant_cluster.ctf.CTF"):
+            class_averages(y, n_neighbors=3, ctf={"defocus_u": 1.0}, device="cpu")
+        with pytest.raises(ValueError, match="snr"):
+            class_averages(y, n_neighbors=3, ctf=ctf, snr=0.0, device="cpu")
+        with pytest.raises(ValueError, match="rotation_center"):
+            class_averages(y, n_neighbors=3, rotation_center="middle", device="cpu")
+        with pytest.raises(ValueError, match="ctf: only for single-channel"):
+            class_averages(np.stack([y, y], 1), n_neighbors=3, ctf=ctf, device="cpu")
+
+
+class TestCTFParameters:
+    @pytest.mark.parametrize("kw, name", [
+        (dict(defocus_u=[-1.0, 2.0]), "defocus_u"),
+        (dict(defocus_u=[1.0, 2.0], defocus_v=[1.0, -5.0]), "defocus_v"),
+        (dict(defocus_u=[1.0, 2.0], pixel_size=0.0), "pixel_size"),
+        (dict(defocus_u=[1.0, 2.0], pixel_size=[1.0, -1.0]), "pixel_size"),
+        (dict(defocus_u=[1.0, 2.0], voltage=0.0), "voltage"),
+        (dict(defocus_u=[1.0, 2.0], amplitude_contrast=1.0), "amplitude_contrast"),
+        (dict(defocus_u=[1.0, 2.0], defocus_angle=[1.0, 2.0, 3.0]), "defocus_angle"),
+        (dict(defocus_u=[1.0, np.nan]), "defocus_u"),
+        (dict(defocus_u=np.ones((2, 2))), "defocus_u"),
+    ])
+    def test_bad_values_name_the_argument(self, kw, name):
+        with pytest.raises(ValueError, match=f"^{name}:"):
+            CTF(**kw)
+
+    def test_not_numbers(self):
+        with pytest.raises(TypeError, match="^voltage:"):
+            CTF([1.0], voltage="high")
+
+    def test_indexing_and_broadcast(self):
+        c = CTF([1.0, 2.0, 3.0], pixel_size=1.5)
+        assert len(c) == 3 and c.pixel_size.tolist() == [1.5] * 3
+        assert c[1:].defocus_u.tolist() == [2.0, 3.0] and len(c[0]) == 1
+
+    def test_warped_angles(self):
+        c = CTF([2.0, 2.0], [1.0, 1.0], [30.0, 30.0])
+        w = c.warped(np.array([[90.0, 1.0, 2.0, 0.0], [90.0, 0.0, 0.0, 1.0]]))
+        assert w.defocus_angle.tolist() == [-60.0, -120.0]
+
+
+# ----------------------------------------------------------------------------- STAR files
+starfile = pytest.importorskip("starfile")
+
+
+class TestStar:
+    def ctf(self, n=5):
+        rng = np.random.default_rng(0)
+        return CTF(rng.uniform(1e4, 2e4, n), rng.uniform(1e4, 2e4, n), rng.uniform(-90, 90, n),
+                   voltage=np.where(np.arange(n) < 2, 200.0, 300.0), spherical_aberration=2.7,
+                   amplitude_contrast=0.1, pixel_size=1.2)
+
+    def test_round_trip(self, tmp_path):
+        c = self.ctf()
+        optics, particles = star_tables(c)
+        assert len(optics) == 2
+        particles.insert(0, "rlnImageName", [f"{i + 1:06d}@particles.mrcs" for i in range(5)])
+        write_star(tmp_path / "p.star", particles, optics=optics)
+        back, table = read_star(tmp_path / "p.star", n_images=5)
+        for f in ("defocus_u", "defocus_v", "defocus_angle", "voltage", "spherical_aberration",
+                  "amplitude_contrast", "pixel_size", "phase_shift"):
+            np.testing.assert_allclose(getattr(back, f), getattr(c, f), rtol=1e-6, err_msg=f)
+        assert list(table["rlnImageName"]) == list(particles["rlnImageName"])
+        # starfile reads it back with the blocks RELION expects
+        blocks = starfile.read(tmp_path / "p.star", always_dict=True)
+        assert set(blocks) == {"optics", "particles"}
+
+    def test_relion_30_single_table(self, tmp_path):
+        text = """
+data_
+
+loop_
+_rlnImageName #1
+_rlnDefocusU #2
+_rlnDefocusV #3
+_rlnDefocusAngle #4
+_rlnVoltage #5
+_rlnSphericalAberration #6
+_rlnAmplitudeContrast #7
+_rlnDetectorPixelSize #8
+_rlnMagnification #9
+000001@p.mrcs 15000.0 14000.0 10.0 300.0 2.7 0.1 5.0 10000.0
+000002@p.mrcs 16000.0 15500.0 20.0 300.0 2.7 0.1 5.0 10000.0
+"""
+        (tmp_path / "old.star").write_text(text)
+        c, _ = read_star(tmp_path / "old.star")
+        assert c.defocus_u.tolist() == [15000.0, 16000.0]
+        np.testing.assert_allclose(c.pixel_size, [5.0, 5.0])
+        assert c.phase_shift.tolist() == [0.0, 0.0]
+
+    def write(self, tmp_path, mutate):
+        optics, particles = star_tables(self.ctf())
+        mutate(optics, particles)
+        path = tmp_path / "bad.star"
+        write_star(path, particles, optics=optics)
+        return path
+
+    @pytest.mark.parametrize("column", ["rlnDefocusU", "rlnDefocusAngle", "rlnVoltage",
+                                        "rlnSphericalAberration", "rlnAmplitudeContrast",
+                                        "rlnImagePixelSize"])
+    def test_missing_column_is_named(self, tmp_path, column):
+        def drop(optics, particles):
+            for t in (optics, particles):
+                if column in t:
+                    del t[column]
+        path = self.write(tmp_path, drop)
+        with pytest.raises(ValueError, match=f"missing column {column}"):
+            read_star(path)
+
+    def test_column_not_numbers(self, tmp_path):
+        def text(optics, particles):
+            particles["rlnDefocusV"] = ["abc"] * len(particles)
+        with pytest.raises(ValueError, match="column rlnDefocusV holds values that are not"):
+            read_star(self.write(tmp_path, text))
+
+    def test_negative_defocus_and_pixel_size(self, tmp_path):
+        def negative(optics, particles):
+            particles.loc[2, "rlnDefocusU"] = -100.0
+        with pytest.raises(ValueError, match="column rlnDefocusU: expected non-negative.*image 2"):
+            read_star(self.write(tmp_path, negative))
+
+        def zero_pixel(optics, particles):
+            optics["rlnImagePixelSize"] = 0.0
+        with pytest.raises(ValueError, match="column rlnImagePixelSize: expected positive"):
+            read_star(self.write(tmp_path, zero_pixel))
+
+    def test_rows_must_match_the_stack(self, tmp_path):
+        path = self.write(tmp_path, lambda o, p: None)
+        with pytest.raises(ValueError, match="star: .* 5 particle rows, expected 7"):
+            read_star(path, n_images=7)
+
+    def test_unknown_optics_group(self, tmp_path):
+        def orphan(optics, particles):
+            particles.loc[0, "rlnOpticsGroup"] = 9
+        with pytest.raises(ValueError, match=r"rlnOpticsGroup \[9\]"):
+            read_star(self.write(tmp_path, orphan))
+
+    def test_not_a_star_file(self, tmp_path):
+        with pytest.raises(FileNotFoundError):
+            read_star(tmp_path / "nothing.star")
+
+    def test_nothing_written_half(self, tmp_path, monkeypatch):
+        path = tmp_path / "out.star"
+        path.write_text("old\n")
+        optics, particles = star_tables(self.ctf())
+
+        def broken(*args, **kwargs):
+            with open(args[1], "w") as fh:
+                fh.write("data_\nloop_\n_rlnDef")  # a partial file, then a failure
+            raise OSError("disk full")
+
+        monkeypatch.setattr(starfile, "write", broken)
+        with pytest.raises(OSError, match="disk full"):
+            write_star(path, particles, optics=optics)
+        assert path.read_text() == "old\n"
+        assert sorted(os.listdir(tmp_path)) == ["out.star"]
+
+
+# ----------------------------------------------------------------------------- rotation centre
+class TestRotationCentre:
+    def test_centres(self):
+        assert rotation_centre(64, 64) == (31.5, 31.5)
+        assert rotation_centre(64, 48, "fourier") == (24.0, 32.0)
+        assert rotation_centre(33, 33, "fourier") == (16.0, 16.0)
+        assert centre_padding(64, 33, "fourier") == (1, 0)
+        with pytest.raises(ValueError, match="rotation_center"):
+            rotation_centre(8, 8, "centre")
+
+    @pytest.mark.parametrize("L", [6, 16])
+    def test_quarter_turn_about_half_L(self, L):
+        img = np.random.default_rng(0).random((1, L, L)).astype(np.float32)
+        out = warp_se2(img, [[90.0, 0.0, 0.0]], rotation_center="fourier")
+        # about L/2 (0-based) a quarter turn counter-clockwise sends (x, y) to (y, L - x):
+        # np.rot90 (which sends it to (y, L - 1 - x)) moved one row down
+        expected = np.zeros_like(img)
+        expected[0, 1:] = np.rot90(img[0])[:-1]
+        np.testing.assert_allclose(out, expected, atol=1e-5)
+        half = warp_se2(img, [[180.0, 0.0, 0.0]], rotation_center="fourier")
+        expected = np.zeros_like(img)
+        expected[0, 1:, 1:] = img[0, ::-1, ::-1][:-1, :-1]
+        np.testing.assert_allclose(half, expected, atol=1e-5)
+        mirror = warp_se2(img, [[0.0, 0.0, 0.0, 1.0]], rotation_center="fourier")
+        expected = np.zeros_like(img)
+        expected[0, :, 1:] = img[0, :, 1:][:, ::-1]  # x -> L - x
+        np.testing.assert_allclose(mirror, expected, atol=1e-5)
+
+    def test_geometric_is_unchanged_and_odd_sizes_agree(self):
+        img = np.random.default_rng(1).random((2, 9, 9)).astype(np.float32)
+        p = [[37.0, 0.5, -1.0], [-12.0, 0.0, 2.0]]
+        np.testing.assert_array_equal(warp_se2(img, p), warp_se2(img, p,
+                                                                 rotation_center="geometric"))
+        np.testing.assert_allclose(warp_se2(img, p), warp_se2(img, p, rotation_center="fourier"),
+                                   atol=1e-6)
+
+    def test_class_averages_exact_about_the_fourier_centre(self):
+        # quarter turns about L/2 of images with an empty border are exact: each one-step
+        # average of the turned copies is the image itself, and the neighbours are exact
+        L = 16
+        views = [projection(L, seed=s, border=2).astype(np.float32) for s in range(2)]
+        X = np.stack([warp_se2(v[None], [[90.0 * k, 0, 0]], rotation_center="fourier")[0]
+                      for v in views for k in range(4)])
+        avg = class_averages(X, n_neighbors=3, n_rotations=4, refine=False,
+                             rotation_center="fourier", device="cpu")
+        np.testing.assert_allclose(avg, X, atol=1e-5)
+        geo = class_averages(X, n_neighbors=3, n_rotations=4, refine=False,
+                             rotation_center="geometric", device="cpu")
+        assert np.abs(geo - X).max() > 0.05 * np.abs(X).max()  # half a pixel off: blurred
+        ind, tau = aligned_neighbors(X, n_neighbors=3, n_rotations=4, refine=False,
+                                     rotation_center="fourier", device="cpu")
+        assert (ind // 4 == np.arange(8)[:, None] // 4).all()
+        np.testing.assert_allclose(warp_se2(X[ind[:, 0]], tau[:, 0], rotation_center="fourier"),
+                                   X, atol=1e-5)
