@@ -38,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import _cli_averages
 from ._cli_support import (
     PROG,
     UsageError,
@@ -257,10 +258,20 @@ zoomed out to --denoise-size pixels) and averages the original images; --center 
 copy on its centre of mass first, for particles picked off-centre. On noisy particles this
 finds far better neighbours than the pixels (see the README's cryo-EM benchmark).
 
+With --star particles.star (RELION's, one row per image): the search runs on phase-flipped
+images and the averages are CTF-corrected (Wiener, --snr), estimates of the projections without
+the CTF. Without --one-step, class_averages.mrcs then holds one average per class (RELION's 2D
+classes) instead of one per image. Rotations and mirrors are about pixel (W//2, H//2) for MRC
+stacks and with --star (--rotation-center).
+
 Output (in --out):
   class_averages.mrcs  (n, H, W) float32, image i's class average in image i's pose (with the
-                       input's voxel size when it is an MRC file)
+                       input's voxel size when it is an MRC file); with --star and clustering,
+                       (n_classes, H, W), one per class
   labels.csv           the cluster of each image (not with --one-step)
+  particles.star       with --star: its rows, and each particle's rlnClassNumber (1-based),
+                       rlnAnglePsi, rlnOriginXAngst, rlnOriginYAngst (the rotation and shift
+                       taking the class average to the particle) and rlnIsFlip (mirror)
   class_averages.json  parameters, seconds, environment"""
 
 _AVERAGES_EPILOG = """\
@@ -269,88 +280,65 @@ examples:
   invariant-cluster class-averages particles.mrcs --n-samples 2000 --device cuda
   invariant-cluster class-averages particles.mrcs --reflection --n-rotations 72 \
       --max-translation 2 --denoise 40 --denoise-size 24 --center --out averages
+  invariant-cluster class-averages particles.mrcs --star particles.star --n-clusters 50 \
+      --reflection --n-rotations 72 --out classes
 
 Options left out keep the defaults of invariant_cluster.InvariantAttentionClusterer."""
 
 _AVERAGES_FILES = ("class_averages.mrcs", "labels.csv", "class_averages.json")
 
 
-def _one_step_options(args):
-    """``(one_step, denoiser)`` from the class-averages options (UsageError when they clash)."""
-    if args.denoise_size is not None and args.denoise is None:
-        raise UsageError("--denoise-size: only with --denoise")
-    one_step = bool(args.one_step or args.denoise is not None or args.center)
-    if one_step:
-        clash = [f"--{n.replace('_', '-')}" for n in ("n_clusters", "bandwidth", "update",
-                                                      "max_iter", "tol")
-                 if getattr(args, n) is not None]
-        if clash:
-            raise UsageError(f"{', '.join(clash)}: options of the clustering, not of the "
-                             f"one-step average (--one-step, --denoise, --center)")
-    den = None
-    if args.denoise is not None:
-        from .denoise import DihedralPCA
-
-        den = DihedralPCA(args.denoise, output_size=args.denoise_size)
-    return one_step, den
-
-
-def _one_step_averages(args, progress, X, den):
-    """:func:`~invariant_cluster.class_averages` with the options given; ``(averages,
-    seconds)``."""
-    from .barycenters import class_averages
-
-    names = ["group", "max_rotation", "n_rotations", "max_translation", "refine", "reflection",
-             "device", "batch_size"]
-    params = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
-    k = 10 if args.n_neighbors is None else args.n_neighbors
-    if k >= len(X):
-        raise UsageError(f"--n-neighbors: expected at most {len(X) - 1} for {len(X)} images, "
-                         f"got {k}")
-    with progress.stage(f"averaging {len(X)} images with their {k} neighbours"):
-        t0 = time.perf_counter()
-        with _warnings_as_lines():
-            averages = class_averages(X, n_neighbors=k, denoise=den, center=args.center,
-                                      **params)
-        seconds = time.perf_counter() - t0
-    _check_finite(class_averages=averages)
-    info = {"method": "one-step", "n_neighbors": k,
-            "denoise": None if den is None else den.get_params(), "center": bool(args.center),
-            "params": params}
-    return averages, seconds, info
-
-
 def _cmd_class_averages(args):
+    import numpy as np
+
     from .datasets._files import MRC_SUFFIXES
     from .datasets._mrc import _mrcfile, _voxel_size, _write_mrcs
 
-    one_step, den = _one_step_options(args)
+    one_step, den = _cli_averages.one_step_options(args)
     progress = _Progress(["load", "fit", "write"], args.quiet)
+    ctf = est = None
     try:
         with progress.stage("loading"):
             _mrcfile()  # without mrcfile, say so before the fit
-            X, _, names = _load(args)
+            X, _, names = load_input(args.input, None, args.image_shape)
+            n_stack = len(X)
+            X = X[: args.n_samples]
+            names = None if names is None else names[: args.n_samples]
             if X.shape[1] != 1:
                 raise UsageError(f"{args.input}: expected single-channel images for an MRC "
                                  f"stack, got {X.shape[1]} channels")
             path = Path(args.input)
             voxel = _voxel_size(path) if path.suffix.lower() in MRC_SUFFIXES else None
+            centre = _cli_averages.resolve_rotation_center(args.rotation_center, path, args.star)
+            if args.star is not None:
+                ctf, table, optics = _cli_averages.load_star(args.star, n_stack, len(X))
         out = _check_out(args.out)
         if one_step:
-            averages, seconds, method = _one_step_averages(args, progress, X, den)
-            est = None
+            averages, seconds, method = _cli_averages.one_step_averages(
+                args, progress, X, den, ctf, centre)
+            labels, tau = np.arange(len(X)), np.zeros((len(X), 3))  # each its own, as it is
+        elif ctf is not None:
+            averages, labels, tau, est, seconds = _cli_averages.cluster_ctf_averages(
+                args, progress, X, ctf, centre, _fit)
+            method = {"method": "CTF-corrected class averages", "n_clusters": len(averages)}
         else:
-            est, seconds = _fit(args, progress, X)
-            averages = est.invariant_means_
-            method = {"method": "invariant_means_", "n_clusters": int(est.n_clusters_),
-                      "n_iter": int(est.n_iter_),
-                      "params": est.get_params(deep=False) | {"device": str(est.device)}}
+            est, seconds = _fit(args, progress, _cli_averages.padded(X, centre))
+            frame = _cli_averages.padded(X[:1], centre).shape[2:]  # fitted in the centre's frame
+            averages = est.invariant_means_.reshape(len(X), *frame)[
+                :, :X.shape[-2], :X.shape[-1]]
+            method = {"method": "invariant_means_"}
+        if est is not None:
+            method |= {"n_clusters": int(est.n_clusters_), "n_iter": int(est.n_iter_),
+                       "params": est.get_params(deep=False) | {"device": str(est.device)}}
+        method |= {"rotation_center": centre, "star": None if ctf is None else str(args.star)}
         with progress.stage("writing"):
-            _clear(out, _AVERAGES_FILES)
-            _write_mrcs(out / "class_averages.mrcs", averages.reshape(len(X), *X.shape[2:]),
-                        voxel)
+            _clear(out, (*_AVERAGES_FILES, _cli_averages.STAR_OUT))
+            _write_mrcs(out / "class_averages.mrcs",
+                        averages.reshape(len(averages), *X.shape[2:]), voxel)
             if est is not None:
                 _write_labels(out, est.labels_, None, names)
+            if ctf is not None:
+                _cli_averages.write_results(out, table, optics, labels, tau, ctf)
             info = {"input": str(args.input), "n_images": len(X),
                     "image_shape": list(X.shape[2:]), "voxel_size": voxel, **method,
                     "seconds": seconds, "environment": _environment()}
@@ -363,7 +351,9 @@ def _cmd_class_averages(args):
     else:
         print(f"{len(X)} images averaged with their {method['n_neighbors']} neighbours in "
               f"{seconds:.1f} s")
-    print(f"wrote {out / 'class_averages.mrcs'} ({len(X)} class averages)")
+    print(f"wrote {out / 'class_averages.mrcs'} ({len(averages)} class averages)")
+    if ctf is not None:
+        print(f"wrote {out / _cli_averages.STAR_OUT}")
     return 0
 
 
@@ -687,6 +677,7 @@ def build_parser():
     o.add_argument("--center", action="store_true",
                    help="centre each (denoised) image on its centre of mass before the search "
                         "(implies --one-step): for particles picked off-centre")
+    _cli_averages.add_cryoem_options(ca)
 
     nb = _command(sub, "neighbors", _cmd_neighbors, "the invariant k-nearest-neighbour graph "
                   "of your images (graph.npz + alignments)", _NEIGHBORS_DESCRIPTION,

@@ -539,6 +539,7 @@ def write_star(path, table, *, optics=None, overwrite=True):
     os.close(fd)
     try:
         starfile.write(blocks, tmp, overwrite=True)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the result from others
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

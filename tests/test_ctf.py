@@ -450,3 +450,104 @@ class TestRotationCentre:
         assert (ind // 4 == np.arange(8)[:, None] // 4).all()
         np.testing.assert_allclose(warp_se2(X[ind[:, 0]], tau[:, 0], rotation_center="fourier"),
                                    X, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- command line
+class TestCommandLine:
+    @pytest.fixture
+    def stack(self, tmp_path):
+        """12 particles of 16 x 16 (two views, each turned by quarter turns about pixel (8, 8),
+        under their own CTF), as particles.mrcs and particles.star."""
+        mrcfile = pytest.importorskip("mrcfile")
+        L = 16
+        views = [projection(L, seed=s, border=2) for s in range(2)]
+        clean = np.stack([warp_se2(v[None], [[90.0 * k, 0, 0]], rotation_center="fourier")[0]
+                          for v in views for k in range(4) for _ in range(1 if k else 3)])
+        n = len(clean)
+        rng = np.random.default_rng(0)
+        du = rng.uniform(10000.0, 25000.0, n)
+        ctf = CTF(du, du - 2000.0, rng.uniform(-90, 90, n), voltage=200,
+                  spherical_aberration=2.0, pixel_size=5.0)
+        y = apply_ctf(clean, ctf).astype(np.float32)
+        with mrcfile.new(tmp_path / "particles.mrcs") as mrc:
+            mrc.set_data(y)
+            mrc.set_image_stack()
+            mrc.voxel_size = 5.0
+        optics, particles = star_tables(ctf)
+        particles.insert(0, "rlnImageName", [f"{i + 1:06d}@particles.mrcs" for i in range(n)])
+        write_star(tmp_path / "particles.star", particles, optics=optics)
+        return tmp_path, clean, y, ctf
+
+    def test_one_step(self, stack, capsys):
+        from _cli import call
+
+        tmp, clean, y, ctf = stack
+        out = tmp / "o"
+        proc = call(capsys, "class-averages", tmp / "particles.mrcs", "--star",
+                    tmp / "particles.star", "--one-step", "--n-neighbors", 3, "--n-rotations",
+                    4, "--no-refine", "--snr", 1e6, "--device", "cpu", "--out", out)
+        assert proc.returncode == 0, proc.stderr
+        import mrcfile
+
+        with mrcfile.open(out / "class_averages.mrcs") as mrc:
+            averages = np.array(mrc.data)
+        ref = class_averages(y, n_neighbors=3, n_rotations=4, refine=False, ctf=ctf, snr=1e6,
+                             device="cpu")
+        np.testing.assert_allclose(averages, ref, atol=1e-5)
+        table = starfile.read(out / "particles.star", always_dict=True)["particles"]
+        assert list(table["rlnClassNumber"]) == list(range(1, len(y) + 1))
+        assert list(table["rlnImageName"])[0] == "000001@particles.mrcs"
+
+    def test_classes(self, stack, capsys):
+        from _cli import call
+
+        tmp, clean, y, ctf = stack
+        out = tmp / "o"
+        proc = call(capsys, "class-averages", tmp / "particles.mrcs", "--star",
+                    tmp / "particles.star", "--n-clusters", 2, "--n-rotations", 4, "--no-refine",
+                    "--snr", 1e6, "--device", "cpu", "--out", out)
+        assert proc.returncode == 0, proc.stderr
+        import mrcfile
+
+        with mrcfile.open(out / "class_averages.mrcs") as mrc:
+            averages = np.array(mrc.data)
+        assert averages.shape == (2, 16, 16)
+        blocks = starfile.read(out / "particles.star", always_dict=True)
+        assert set(blocks) == {"optics", "particles"}
+        table = blocks["particles"]
+        assert len(table) == len(y) and set(table["rlnClassNumber"]) == {1, 2}
+        # the particles of a view share a class, and each class average is its view's
+        # projection (no CTF) in some quarter turn: not exactly, as the CTF spreads each
+        # particle over its whole box and a quarter turn about (8, 8) moves a row out of it
+        cls = table["rlnClassNumber"].to_numpy()
+        assert len(set(cls[:6])) == 1 and len(set(cls[6:])) == 1
+        for c in (1, 2):
+            member = clean[np.flatnonzero(cls == c)[0]]
+            err = min(np.abs(averages[c - 1] - warp_se2(member[None].astype(np.float32),
+                                                         [[90.0 * k, 0, 0]],
+                                                         rotation_center="fourier")[0]).max()
+                      for k in range(4))
+            assert err < 0.05 * np.abs(member).max()
+        # rlnAnglePsi / rlnOrigin*Angst take the class average to the particle
+        i = 7
+        inv = table.loc[i, ["rlnAnglePsi", "rlnOriginXAngst", "rlnOriginYAngst"]].to_numpy(float)
+        back = warp_se2(averages[cls[i] - 1][None], [inv / [1.0, 5.0, 5.0]],
+                        rotation_center="fourier")[0]
+        assert np.abs(back - clean[i]).max() < 0.05 * np.abs(clean[i]).max()
+
+    def test_bad_star(self, stack, capsys):
+        from _cli import assert_usage_error, call
+
+        tmp, _, y, ctf = stack
+        optics, particles = star_tables(ctf[:5])
+        write_star(tmp / "short.star", particles, optics=optics)
+        out = tmp / "o"
+        assert_usage_error(call(capsys, "class-averages", tmp / "particles.mrcs", "--star",
+                                tmp / "short.star", "--one-step", "--out", out),
+                           "--star", "5 particle rows, expected 12")
+        del optics["rlnVoltage"]
+        write_star(tmp / "novolt.star", star_tables(ctf)[1], optics=optics)
+        assert_usage_error(call(capsys, "class-averages", tmp / "particles.mrcs", "--star",
+                                tmp / "novolt.star", "--one-step", "--out", out),
+                           "missing column rlnVoltage")
+        assert not (out / "class_averages.mrcs").exists()

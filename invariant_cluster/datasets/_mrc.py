@@ -111,13 +111,27 @@ def load_mrc(path, *, return_voxel_size=False):
 
 def _write_mrcs(path, images, voxel_size=None):
     """Write float32 images ``(n, H, W)`` as an MRC image stack (space group 0), replacing
-    ``path``."""
+    ``path`` only once the whole file is written (a temporary file in the same folder, renamed).
+    """
+    import os
+    import tempfile
+    from pathlib import Path
+
     mrcfile = _mrcfile()
-    with mrcfile.new(path, overwrite=True) as mrc:
-        mrc.set_data(np.ascontiguousarray(images, dtype=np.float32))
-        mrc.set_image_stack()
-        if voxel_size is not None:
-            mrc.voxel_size = voxel_size
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(suffix=".mrcs", dir=path.parent)
+    os.close(fd)
+    try:
+        with mrcfile.new(tmp, overwrite=True) as mrc:
+            mrc.set_data(np.ascontiguousarray(images, dtype=np.float32))
+            mrc.set_image_stack()
+            if voxel_size is not None:
+                mrc.voxel_size = voxel_size
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the result from others
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _voxel_size(path):

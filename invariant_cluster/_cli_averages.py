@@ -1,0 +1,168 @@
+"""The work of ``class-averages`` beyond the clusterer's fit: the one-step averages, and with
+``--star`` the particles' CTF from a RELION STAR file, the CTF-corrected averages and the STAR
+file of the results (kept apart from ``cli.py``, which stays a parser)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ._cli_support import UsageError, _check_finite, _number, _warnings_as_lines
+
+STAR_OUT = "particles.star"
+# the result columns written after the input's: class, then the transformation that takes the
+# class average to the particle, then the mirror bit
+RESULT_COLUMNS = ("rlnClassNumber", "rlnAnglePsi", "rlnOriginXAngst", "rlnOriginYAngst",
+                  "rlnIsFlip")
+
+
+def add_cryoem_options(parser):
+    """``--star``, ``--snr`` and ``--rotation-center``."""
+    c = parser.add_argument_group("cryo-EM: the CTF and the rotation centre")
+    c.add_argument("--star", metavar="PATH",
+                   help="RELION STAR file of the particles (one row per image of the stack, in "
+                        "its order; needs pip install invariant_cluster[cryoem]): the search "
+                        "on phase-flipped images, CTF-corrected averages, and particles.star "
+                        "with each particle's class, angle, shift and mirror")
+    c.add_argument("--snr", type=_number(float, 0, strict=True, what="a positive number"),
+                   default=1.0, metavar="SNR",
+                   help="signal-to-noise ratio of one image, the Wiener regularisation of the "
+                        "CTF-corrected averages (default: 1)")
+    c.add_argument("--rotation-center", choices=["auto", "geometric", "fourier"],
+                   default="auto",
+                   help="centre of rotations and mirrors: 'fourier' is pixel (W//2, H//2) "
+                        "(RELION's), 'geometric' ((W-1)/2, (H-1)/2); auto (default): fourier "
+                        "for an MRC stack or with --star, else geometric")
+
+
+def one_step_options(args):
+    """``(one_step, denoiser)`` from the class-averages options (UsageError when they clash)."""
+    if args.denoise_size is not None and args.denoise is None:
+        raise UsageError("--denoise-size: only with --denoise")
+    one_step = bool(args.one_step or args.denoise is not None or args.center)
+    if one_step:
+        clash = [f"--{n.replace('_', '-')}" for n in ("n_clusters", "bandwidth", "update",
+                                                      "max_iter", "tol")
+                 if getattr(args, n) is not None]
+        if clash:
+            raise UsageError(f"{', '.join(clash)}: options of the clustering, not of the "
+                             f"one-step average (--one-step, --denoise, --center)")
+    den = None
+    if args.denoise is not None:
+        from .denoise import DihedralPCA
+
+        den = DihedralPCA(args.denoise, output_size=args.denoise_size)
+    return one_step, den
+
+
+def one_step_averages(args, progress, X, den, ctf=None, rotation_center="geometric"):
+    """:func:`~invariant_cluster.class_averages` with the options given; ``(averages,
+    seconds)``."""
+    from .barycenters import class_averages
+
+    names = ["group", "max_rotation", "n_rotations", "max_translation", "refine", "reflection",
+             "device", "batch_size"]
+    params = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+    k = 10 if args.n_neighbors is None else args.n_neighbors
+    if k >= len(X):
+        raise UsageError(f"--n-neighbors: expected at most {len(X) - 1} for {len(X)} images, "
+                         f"got {k}")
+    with progress.stage(f"averaging {len(X)} images with their {k} neighbours"):
+        t0 = time.perf_counter()
+        with _warnings_as_lines():
+            averages = class_averages(X, n_neighbors=k, denoise=den, center=args.center,
+                                      ctf=ctf, snr=args.snr, rotation_center=rotation_center,
+                                      **params)
+        seconds = time.perf_counter() - t0
+    _check_finite(class_averages=averages)
+    info = {"method": "one-step", "n_neighbors": k,
+            "denoise": None if den is None else den.get_params(), "center": bool(args.center),
+            "ctf": ctf is not None, "snr": args.snr if ctf is not None else None,
+            "rotation_center": rotation_center, "params": params}
+    return averages, seconds, info
+
+
+def resolve_rotation_center(choice, input_path, star) -> str:
+    """``--rotation-center``: ``auto`` is the field's ``fourier`` for an MRC stack or with
+    ``--star``, else ``geometric``."""
+    from .datasets._files import MRC_SUFFIXES
+
+    if choice != "auto":
+        return choice
+    mrc = Path(input_path).suffix.lower() in MRC_SUFFIXES
+    return "fourier" if (mrc or star is not None) else "geometric"
+
+
+def load_star(path, n_stack, n):
+    """``(ctf, table, optics)`` of the first ``n`` particles of a STAR file that must describe
+    all ``n_stack`` images of the stack (one row each, in its order)."""
+    from .ctf import _blocks, read_star
+
+    try:
+        ctf, table = read_star(path, n_images=n_stack)
+    except ValueError as exc:
+        raise UsageError(f"--star {exc}") from None
+    optics = _blocks(path).get("optics")
+    return ctf[:n], table.iloc[:n].reset_index(drop=True), optics
+
+
+def padded(X, rotation_center):
+    """Images ``(n, C, H, W)`` with the zero rows and columns of
+    :func:`~invariant_cluster.transforms.centre_padding` appended."""
+    import numpy as np
+
+    from .transforms import centre_padding
+
+    ph, pw = centre_padding(X.shape[-2], X.shape[-1], rotation_center)
+    return np.pad(X, ((0, 0), (0, 0), (0, ph), (0, pw))) if ph or pw else X
+
+
+def cluster_ctf_averages(args, progress, X, ctf, rotation_center, fit):
+    """The clusterer fitted on the phase-flipped images (in the centre's frame), then each
+    cluster's CTF-corrected average: ``(averages (K, H, W), labels, alignments (n, 3 or 4),
+    est, seconds)``."""
+    import numpy as np
+
+    from .barycenters import class_averages
+    from .ctf import phase_flip
+
+    t0 = time.perf_counter()
+    flipped = phase_flip(X[:, 0], ctf)[:, None].astype(np.float32)
+    est, _ = fit(args, progress, padded(flipped, rotation_center))
+    names = ["group", "max_rotation", "n_rotations", "max_translation", "refine", "reflection",
+             "batch_size"]
+    search = {k: v for k, v in est.get_params(deep=False).items() if k in names}
+    with progress.stage(f"CTF-corrected averages of {est.n_clusters_} classes"), \
+            _warnings_as_lines():
+        averages, tau = class_averages(X, labels=est.labels_, ctf=ctf, snr=args.snr,
+                                       rotation_center=rotation_center, device=est.device,
+                                       return_alignments=True, **search)
+    return averages[:, 0], est.labels_, tau, est, time.perf_counter() - t0
+
+
+def results_table(table, labels, tau, pixel_size):
+    """The input's particles table with :data:`RESULT_COLUMNS` (replacing columns of those
+    names): class ``labels + 1``, and ``T_tau^-1`` (the alignment ``tau`` maps the particle onto
+    its class average; its inverse takes the average to the particle) in degrees and
+    ångström."""
+    import numpy as np
+
+    from .transforms import invert_se2
+
+    out = table.copy()
+    tau = np.asarray(tau, dtype=np.float64)
+    if tau.shape[1] == 3:
+        tau = np.concatenate([tau, np.zeros((len(tau), 1))], 1)
+    inv = invert_se2(tau)
+    values = [np.asarray(labels) + 1, inv[:, 0], inv[:, 1] * pixel_size,
+              inv[:, 2] * pixel_size, inv[:, 3].round().astype(int)]
+    for name, v in zip(RESULT_COLUMNS, values):
+        out[name] = v
+    return out
+
+
+def write_results(out, table, optics, labels, tau, ctf):
+    from .ctf import write_star
+
+    write_star(Path(out) / STAR_OUT, results_table(table, labels, tau, ctf.pixel_size),
+               optics=optics)
