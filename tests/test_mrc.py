@@ -144,7 +144,10 @@ def test_fit_and_neighbors_read_mrcs(tmp_path, capsys, particles):
 def test_class_averages(tmp_path, capsys, particles):
     clean, noisy, path = particles
     out = tmp_path / "averages"
-    proc = call(capsys, "class-averages", path, "--device", "cpu", "--out", out)
+    # the copies are np.rot90 turns, about the geometric centre; an MRC stack's default is the
+    # field's centre, pixel (8, 8)
+    proc = call(capsys, "class-averages", path, "--device", "cpu", "--out", out,
+                "--rotation-center", "geometric")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == [
         "class_averages.json", "class_averages.mrcs", "labels.csv"]
@@ -165,6 +168,24 @@ def test_class_averages(tmp_path, capsys, particles):
     info = json.loads((out / "class_averages.json").read_text())
     assert info["n_images"] == 12 and info["image_shape"] == [16, 16]
     assert info["voxel_size"] == pytest.approx([1.5, 1.5, 1.5])
+    assert info["rotation_center"] == "geometric"
+
+
+def test_class_averages_default_centre(tmp_path, capsys, particles):
+    # an MRC stack is turned about pixel (W // 2, H // 2), as the field's software does: the
+    # same as the estimator fitted on the stack with one zero row and column appended
+    _, noisy, path = particles
+    out = tmp_path / "averages"
+    proc = call(capsys, "class-averages", path, "--device", "cpu", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads((out / "class_averages.json").read_text())
+    assert info["rotation_center"] == "fourier"
+    with mrcfile.open(out / "class_averages.mrcs") as mrc:
+        averages = np.array(mrc.data)
+    padded = np.pad(noisy, ((0, 0), (0, 1), (0, 1)))
+    est = InvariantAttentionClusterer(random_state=0, device="cpu").fit(padded)
+    np.testing.assert_allclose(averages, est.invariant_means_.reshape(12, 17, 17)[:, :16, :16],
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_class_averages_of_other_inputs(tmp_path, capsys, particles):
@@ -194,7 +215,8 @@ class TestOneStepClassAverages:
 
         clean, noisy, path = particles
         out = tmp_path / "o"
-        proc = call(capsys, "class-averages", path, "--one-step", "--n-neighbors", 5,
+        proc = call(capsys, "class-averages", path, "--rotation-center", "geometric",
+                    "--one-step", "--n-neighbors", 5,
                     "--n-rotations", 4, "--no-refine", "--device", "cpu", "--out", out)
         assert proc.returncode == 0, proc.stderr
         assert sorted(p.name for p in out.iterdir()) == ["class_averages.json",
@@ -214,7 +236,8 @@ class TestOneStepClassAverages:
 
         _, noisy, path = particles
         out = tmp_path / "d"
-        proc = call(capsys, "class-averages", path, "--denoise", 8, "--denoise-size", 8,
+        proc = call(capsys, "class-averages", path, "--rotation-center", "geometric",
+                    "--denoise", 8, "--denoise-size", 8,
                     "--center", "--reflection", "--n-neighbors", 5, "--n-rotations", 8,
                     "--device", "cpu", "--out", out)
         assert proc.returncode == 0, proc.stderr
