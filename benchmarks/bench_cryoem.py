@@ -74,6 +74,24 @@ Commands::
     python benchmarks/bench_cryoem.py --snr 1 --shift 0 --skip-aspire   # reuse the .npz
 
 Writes ``benchmarks/results/cryoem.json`` (``cryoem_quick.json`` with ``--quick``).
+
+The CTF suite (``--suite ctf``, ``benchmarks/results/cryoem_ctf.json``) compares, on the full
+``L x L`` images (no crop) with and without a CTF (``--ctf no yes``):
+
+- data: the same volume; with CTF, 7 defocus groups from 1.5 to 2.5 um (ASPIRE's
+  ``RadialCTFFilter``, 200 kV, Cs 2.0 mm, amplitude contrast 0.1, pixel 5 A), no offsets;
+  every score is against the projections WITHOUT the CTF (``Simulation.projections``);
+- ASPIRE: ``DenoiserCov2D`` (covariance Wiener filter on an ``FFBBasis2D``, given the true
+  noise variance; no alignment), and ``RIRClass2D``'s neighbours (on ASPIRE's phase-flipped
+  images when there is a CTF);
+- ours: ``aligned_neighbors`` (72 angles, mirrors, ``DihedralPCA(40, output_size=24)``,
+  ``rotation_center="fourier"``, and ``"geometric"`` for comparison), then the one-step
+  average of k = 10 (CTF-corrected, ``snr`` the true SNR, when there is a CTF: what
+  ``class_averages(X, ctf=...)`` runs); and our filter alone as a control (``RadialWiener``
+  without CTF, ``ctf.wiener_filter`` with ``ctf.spectral_snr`` with it). ASPIRE's images have
+  the raw micrograph's contrast (dark protein); ours get ``-images``, as RELION's extraction
+  (``--invert_contrast``) writes particles;
+- ``rel_mse``: ``||A - P||^2 / ||P||^2`` of an average ``A`` against the projection ``P``.
 """
 
 from __future__ import annotations
@@ -331,10 +349,181 @@ def ours_part(data, args):
     return rows
 
 
+# --------------------------------------------------------------------------- the CTF suite
+DEFOCUS_UM = np.linspace(1.5, 2.5, 7)
+CTF_KW = dict(voltage=200.0, Cs=2.0, alpha=0.1)
+PIXEL_SIZE = 5.0
+
+
+def aspire_ctf_part(args):
+    """Simulate (with or without CTF), ASPIRE's Cov2D denoiser and RIRClass2D neighbours."""
+    import aspire
+    from aspire.basis import FFBBasis2D
+    from aspire.classification import RIRClass2D
+    from aspire.denoising import DenoiserCov2D
+    from aspire.noise import WhiteNoiseAdder
+    from aspire.operators import RadialCTFFilter
+    from aspire.source import Simulation
+    from aspire.volume import AsymmetricVolume
+
+    L, n = args.L, args.n
+    vol = AsymmetricVolume(L=L, C=1, seed=0, dtype=np.float64).generate()
+    filters = ([RadialCTFFilter(defocus=d * 1e4, **CTF_KW) for d in DEFOCUS_UM]
+               if args.ctf_one else None)
+    sim = Simulation(L=L, n=n, vols=vol, offsets=0, amplitudes=1, seed=0, dtype=np.float64,
+                     unique_filters=filters, pixel_size=PIXEL_SIZE,
+                     noise_adder=WhiteNoiseAdder.from_snr(args.snr, seed=2))
+    noisy = sim.images[:].asnumpy()
+    clean = sim.clean_images[:].asnumpy()
+    proj = sim.projections[:].asnumpy()
+    noise_var = float(sim.noise_adder.noise_var)
+    defocus = (np.array([DEFOCUS_UM[i] * 1e4 for i in sim.filter_indices])
+               if args.ctf_one else np.zeros(n))
+    m = min(args.n_avg, n)
+
+    t0 = time.perf_counter()
+    basis = FFBBasis2D(L, dtype=np.float64)
+    den = DenoiserCov2D(sim, basis=basis, var_noise=noise_var)
+    denoised = den.denoise[:m].asnumpy()
+    t_cov = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    src = sim.phase_flip() if args.ctf_one else sim
+    clf = RIRClass2D(src, fspca_components=400, bispectrum_components=300,
+                     n_nbor=args.k + 1, large_pca_implementation="legacy",
+                     nn_implementation="legacy", bispectrum_implementation="legacy", seed=0)
+    classes, refl, _ = clf.classify()
+    t_classify = time.perf_counter() - t0
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(out, noisy=noisy.astype(np.float32), clean=clean.astype(np.float32),
+             projections=proj.astype(np.float32), rotations=np.asarray(sim.rotations),
+             defocus=defocus, noise_var=noise_var, cov2d=denoised.astype(np.float32),
+             classes=np.asarray(classes), reflections=np.asarray(refl, dtype=bool),
+             seconds_cov2d=t_cov, seconds_classify=t_classify, n_avg=m,
+             aspire_version=aspire.__version__, snr=args.snr, ctf=bool(args.ctf_one))
+    print(f"ASPIRE {aspire.__version__}: Cov2D {t_cov:.1f} s, classify {t_classify:.1f} s "
+          f"-> {out}", flush=True)
+
+
+def rel_mse(A, P):
+    a = A.reshape(len(A), -1).astype(np.float64)
+    p = P.reshape(len(P), -1).astype(np.float64)
+    return float(np.median(((a - p) ** 2).sum(1) / (p ** 2).sum(1)))
+
+
+def ours_ctf_part(data, args):
+    """Ours on the full images against ASPIRE's Cov2D and RIRClass2D (the CTF suite)."""
+    from invariant_cluster import DihedralPCA, RadialWiener, class_averages
+    from invariant_cluster.ctf import CTF, spectral_snr, wiener_filter
+
+    has_ctf = bool(data["ctf"])
+    snr = float(data["snr"])
+    # ASPIRE's contrast is the raw micrograph's (its CTF is minus RELION's): ours get -images
+    X = -data["noisy"] if has_ctf else data["noisy"]
+    P = data["projections"]
+    n, L = X.shape[0], X.shape[-1]
+    m = int(data["n_avg"])
+    rots = data["rotations"]
+    ctf = (CTF(data["defocus"], voltage=CTF_KW["voltage"], spherical_aberration=CTF_KW["Cs"],
+               amplitude_contrast=CTF_KW["alpha"], pixel_size=PIXEL_SIZE)
+           if has_ctf else None)
+    blob = P.mean(0, keepdims=True)
+    rows = []
+
+    def row(method, avg=None, **kw):
+        r = {"snr": snr, "ctf": has_ctf, "L": L, "method": method, **kw}
+        if avg is not None:
+            r.update(average_scores(avg, P, m, blob), rel_mse=rel_mse(avg[:m], P[:m]))
+        r["load_average"] = os.getloadavg()[0]
+        rows.append(r)
+
+    row("noisy", X)
+    row("ASPIRE DenoiserCov2D (FFBBasis2D, true noise variance)", data["cov2d"],
+        seconds=float(data["seconds_cov2d"]))
+    refl = data["reflections"]
+    row("ASPIRE RIRClass2D neighbours" + (" (phase-flipped)" if has_ctf else ""),
+        **neighbour_scores(rots, data["classes"][:, 1:], refl[:, 1:]),
+        seconds_neighbors=float(data["seconds_classify"]))
+
+    # our filter alone, no alignment (a control)
+    t0 = time.perf_counter()
+    if has_ctf:
+        filt = wiener_filter(X, ctf, snr=spectral_snr(X, ctf, snr=snr))
+        name = "ours: ctf.wiener_filter alone (no alignment)"
+    else:
+        filt = RadialWiener().fit_transform(X.reshape(n, -1)).reshape(X.shape)
+        name = "ours: RadialWiener alone (no alignment)"
+    row(name, filt, seconds=time.perf_counter() - t0)
+
+    for centre in args.centres:
+        # class_averages(X, ctf=...): the search on the phase-flipped images' DihedralPCA copy,
+        # then each image's CTF-corrected one-step average
+        t0 = time.perf_counter()
+        avg, ind, tau = class_averages(
+            X, n_neighbors=args.k, n_rotations=72, reflection=True, refine=args.refine,
+            ctf=ctf, snr=snr, rotation_center=centre, return_alignments=True, device="cpu",
+            denoise=DihedralPCA(args.pca_components, output_size=args.pca_size))
+        seconds = time.perf_counter() - t0
+        row(f"ours: class_averages(72 angles, mirrors, DihedralPCA({args.pca_components}, "
+            f"output_size={args.pca_size}), rotation_center={centre!r}"
+            f"{', ctf' if has_ctf else ''}), k={args.k}", avg,
+            **neighbour_scores(rots, ind, tau[..., 3].astype(bool)), seconds=seconds)
+    return rows
+
+
+def run_ctf_suite(args, p, env, workdir):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import RESULTS, environment, print_table, write_json
+
+    out = Path(args.out) if args.out else RESULTS / "cryoem_ctf.json"
+    rows, versions = [], set()
+
+    def summary():
+        return {"benchmark": "cryoem_ctf", "n": args.n, "L": args.L, "n_avg": args.n_avg,
+                "k": args.k, "refine": args.refine, "threads": args.threads,
+                "defocus_um": DEFOCUS_UM.tolist(), "ctf": CTF_KW | {"pixel_size": PIXEL_SIZE},
+                "aspire_version": sorted(versions), "environment": environment(),
+                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "rows": rows}
+
+    cols = ["snr", "ctf", "method", "nbr10", "corr", "corr_detail", "rel_mse", "seconds"]
+    for has_ctf in args.ctf:
+        for snr in args.snr:
+            npz = workdir / f"ctf{int(has_ctf)}_{_tag(snr, 0, args.n)}_L{args.L}.npz"
+            if not args.skip_aspire and not (npz.exists() and not args.force_aspire):
+                if not args.aspire_python:
+                    p.error("--aspire-python (or $ASPIRE_PYTHON) is required to run ASPIRE")
+                workdir.mkdir(parents=True, exist_ok=True)
+                subprocess.run([args.aspire_python, str(Path(__file__).resolve()), "--part",
+                                "aspire-ctf", "--snr-one", repr(snr), "--ctf-one",
+                                str(int(has_ctf)), "--n", str(args.n), "--L", str(args.L),
+                                "--n-avg", str(args.n_avg), "--k", str(args.k), "--out",
+                                str(npz)], check=True, env=env, cwd=workdir)
+            with np.load(npz) as f:
+                data = {key: f[key] for key in f.files}
+            versions.add(str(data["aspire_version"]))
+            new = ours_ctf_part(data, args)
+            print_table(new, cols)
+            rows.extend(new)
+            write_json(summary(), out)
+    print()
+    print_table(rows, cols)
+    write_json(summary(), out)
+
+
 # --------------------------------------------------------------------------- driver
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--part", choices=["all", "aspire"], default="all",
+    p.add_argument("--suite", choices=["aspire-classes", "ctf"], default="aspire-classes",
+                   help="'ctf': Cov2D and our averages with and without a CTF, on the full "
+                        "images (cryoem_ctf.json)")
+    p.add_argument("--ctf", type=lambda t: t == "yes", nargs="+", default=[False, True],
+                   metavar="no|yes", help="the CTF suite's settings (default: no yes)")
+    p.add_argument("--centres", nargs="+", default=["fourier", "geometric"],
+                   choices=["fourier", "geometric"],
+                   help="the CTF suite's rotation centres for our search")
+    p.add_argument("--part", choices=["all", "aspire", "aspire-ctf"], default="all",
                    help="'aspire' is run by the driver under the ASPIRE interpreter")
     p.add_argument("--aspire-python", default=os.environ.get("ASPIRE_PYTHON"),
                    help="python of the environment where ASPIRE is installed "
@@ -373,11 +562,16 @@ def main(argv=None):
     # used by --part aspire
     p.add_argument("--snr-one", type=float, help=argparse.SUPPRESS)
     p.add_argument("--shift-one", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--ctf-one", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     if args.part == "aspire":
         args.snr, args.shift = args.snr_one, args.shift_one
         aspire_part(args)
+        return
+    if args.part == "aspire-ctf":
+        args.snr = args.snr_one
+        aspire_ctf_part(args)
         return
 
     if args.quick:
@@ -391,6 +585,9 @@ def main(argv=None):
     env = dict(os.environ, TQDM_DISABLE="1", OMP_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
     workdir = Path(args.workdir)
+    if args.suite == "ctf":
+        run_ctf_suite(args, p, env, workdir)
+        return
     rows, versions = [], set()
     out = Path(args.out) if args.out else RESULTS / (
         "cryoem_quick.json" if args.quick else "cryoem.json")

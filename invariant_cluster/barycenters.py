@@ -256,11 +256,13 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         Each image's contrast transfer function (single-channel images; from a RELION STAR
         file: :func:`invariant_cluster.ctf.read_star`). The search then runs on the
         phase-flipped images, and each average is the Wiener estimate
-        ``sum_j C_j F(y_j) / (sum_j C_j^2 + 1 / snr)`` of the aligned images, ``C_j`` the CTF of
-        image ``j`` turned with its alignment (:func:`invariant_cluster.ctf.wiener_average`): an
-        estimate of the projection without CTF.
+        ``sum_j C_j F(y_j) / (sum_j C_j^2 + 1 / snr_k)`` of the aligned images, ``C_j`` the CTF of
+        image ``j`` turned with its alignment (:func:`invariant_cluster.ctf.wiener_average`),
+        ``snr`` per frequency: an estimate of the projection without CTF.
     snr : float, default=1.0
-        Signal-to-noise ratio of one image, the Wiener regularisation (with ``ctf`` only).
+        Signal-to-noise ratio of one image (with ``ctf`` only): with the images' power
+        spectrum it gives the Wiener term at each frequency
+        (:func:`invariant_cluster.ctf.spectral_snr`).
     rotation_center : {"auto", "geometric", "fourier"}, default="auto"
         Centre of rotations and mirrors (:mod:`invariant_cluster.transforms`' Convention):
         ``"fourier"``, the pixel ``(W // 2, H // 2)`` of cryo-EM particle stacks, or the
@@ -314,6 +316,10 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         raise ValueError("center: only with labels=None (each image's class average)")
     ctf, rc = _check_ctf_options(ctf, snr, rotation_center, Xt)
     Xs = Xt if ctf is None else _phase_flipped(Xt, ctf)
+    if ctf is not None:
+        from .ctf import spectral_snr
+
+        reg = 1.0 / spectral_snr(Xt[:, 0], ctf, snr=snr)  # the Wiener term at each frequency
     Xp, Xs = pad_for_centre(Xt, rc), pad_for_centre(Xs, rc)  # the search's frame (Convention)
     h, w = Xt.shape[-2:]
     if labels is not None:
@@ -330,7 +336,7 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
                 if ctf is not None:
                     warped = fast_warp(Xp[members], p)[..., :h, :w]
                     mu = _ctf_corrected(warped[None, :, 0], ctf[members.cpu().numpy()], p,
-                                        snr)[0][None]
+                                        reg)[0][None]
                 means.append(mu[..., :h, :w])
                 params[members] = p
         out = torch.stack(means)
@@ -345,7 +351,7 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         if ctf is None:
             out = _one_step_average(Xp, ind, tau, batch_size=batch_size)[..., :h, :w]
         else:
-            out = _one_step_ctf_average(Xp, ind, tau, ctf, snr, (h, w))
+            out = _one_step_ctf_average(Xp, ind, tau, ctf, reg, (h, w))
         out_shape = tuple(X.shape)
         extra = (ind, tau)
     out = out.reshape(out_shape)
@@ -375,7 +381,7 @@ def _phase_flipped(Xt, ctf):
     return phase_flip(Xt[:, 0], ctf)[:, None]
 
 
-def _ctf_corrected(warped, ctf, params, snr):
+def _ctf_corrected(warped, ctf, params, reg):
     """Wiener estimates ``(b, H, W)`` of groups of aligned images ``warped`` ``(b, k, H, W)``
     whose CTFs are ``ctf`` (``b k`` images) turned by their alignments ``params``
     ``(b k, 3 or 4)``."""
@@ -384,10 +390,10 @@ def _ctf_corrected(warped, ctf, params, snr):
     b, k, h, w = warped.shape
     C = ctf_images(ctf.warped(params.reshape(b * k, -1)), (h, w), dtype=warped.dtype,
                    device=warped.device, half=True)
-    return wiener_combine(warped, C.reshape(b, k, *C.shape[-2:]), snr)
+    return wiener_combine(warped, C.reshape(b, k, *C.shape[-2:]), reg)
 
 
-def _one_step_ctf_average(Xp, ind, tau, ctf, snr, shape):
+def _one_step_ctf_average(Xp, ind, tau, ctf, reg, shape):
     """:func:`_one_step_average` with each group combined by :func:`_ctf_corrected`: ``Xp``
     the (padded) original images ``(n, 1, H', W')``, the averages ``(n, 1, H, W)``."""
     n, dev = Xp.shape[0], Xp.device
@@ -405,7 +411,7 @@ def _one_step_ctf_average(Xp, ind, tau, ctf, snr, shape):
             warped = fast_warp(Xp[i.reshape(-1).to(dev)], p.reshape(-1, p.shape[-1]).to(dev))
             warped = warped[:, 0, :h, :w].reshape(len(i), k, h, w)
             out.append(_ctf_corrected(warped, ctf[i.reshape(-1).numpy()],
-                                      p.reshape(-1, p.shape[-1]), snr))
+                                      p.reshape(-1, p.shape[-1]), reg))
     return torch.cat(out)[:, None]
 
 

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 __all__ = ["CTF", "ctf_images", "apply_ctf", "phase_flip", "wiener_filter", "wiener_average",
-           "read_star", "write_star", "star_tables", "electron_wavelength"]
+           "spectral_snr", "read_star", "write_star", "star_tables", "electron_wavelength"]
 
 _STAR_HINT = "pip install invariant_cluster[cryoem] (or: pip install starfile)"
 # RELION's label of each CTF field (the optics group holds the last four in RELION >= 3.1)
@@ -318,9 +318,14 @@ def phase_flip(images, ctf):
 
 
 def wiener_filter(images, ctf, *, snr=1.0):
-    """Each image Wiener-filtered by its own CTF: ``IFFT(C F(y) / (C^2 + 1 / snr))``."""
-    snr = _check_snr(snr)
-    return _filtered(images, ctf, lambda C: C / (C ** 2 + 1.0 / snr))
+    """Each image Wiener-filtered by its own CTF: ``IFFT(C F(y) / (C^2 + 1 / snr))``.
+
+    ``snr``: a number (the same at every frequency), or per frequency an array of shape
+    ``(H, W // 2 + 1)`` (``torch.fft.rfft2``'s grid), e.g. :func:`spectral_snr`'s.
+    """
+    x, _ = _as_image_tensor(images)
+    reg = _regulariser(snr, x)
+    return _filtered(images, ctf, lambda C: C / (C ** 2 + reg))
 
 
 def _check_snr(snr):
@@ -331,13 +336,83 @@ def _check_snr(snr):
     return float(snr)
 
 
-def wiener_combine(images: torch.Tensor, C: torch.Tensor, snr: float) -> torch.Tensor:
+def _regulariser(snr, x: torch.Tensor):
+    """``1 / snr`` as a number or a ``(H, W // 2 + 1)`` tensor like ``x`` ``(..., H, W)``."""
+    if isinstance(snr, numbers.Real) and not isinstance(snr, bool):
+        return 1.0 / _check_snr(snr)
+    h, w = x.shape[-2:]
+    s = torch.as_tensor(np.asarray(snr) if not isinstance(snr, torch.Tensor) else snr)
+    if s.dtype.is_complex or s.dtype == torch.bool:
+        raise TypeError(f"snr: expected real numbers, got dtype {s.dtype}")
+    if tuple(s.shape) != (h, w // 2 + 1):
+        raise ValueError(f"snr: expected a number or an array of shape {(h, w // 2 + 1)} (the "
+                         f"rfft2 grid), got shape {tuple(s.shape)}")
+    if not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
+        raise ValueError("snr: expected positive finite values")
+    return 1.0 / s.to(device=x.device, dtype=x.dtype)
+
+
+def spectral_snr(images, ctf, *, snr=1.0):
+    """The signal-to-noise ratio at each frequency, ``(H, W // 2 + 1)`` (``rfft2``'s grid), for
+    the Wiener filters: the projections' radially averaged power over the noise's.
+
+    The noise is taken white, of variance ``var / (1 + snr)`` with ``var`` the images' mean
+    pixel variance (``snr`` the images' overall signal-to-noise ratio, signal variance over
+    noise variance). The projections' power at radius ``r`` is the images' mean power there less
+    the noise's, divided by the mean ``C^2`` there (at least 1e-3), and at least 1e-6 of its
+    largest value. A regulariser ``1 / snr`` that is the same at every frequency
+    over-smooths the low frequencies, where a projection has most of its power, and lets
+    the noise of the high ones through.
+
+    Parameters
+    ----------
+    images : array-like or torch.Tensor of shape (n, H, W)
+    ctf : CTF of length n
+    snr : float, default=1.0
+
+    Returns
+    -------
+    snr_k : torch.Tensor of shape (H, W // 2 + 1)
+        On the images' device and dtype (float32 for integer images); infinity where there is
+        no noise.
+    """
+    ctf = _check_ctf(ctf)
+    snr = _check_snr(snr)
+    x, _ = _as_image_tensor(images, len(ctf))
+    n, h, w = x.shape
+    ky, kx = _frequencies(h, w, half=True, dtype=x.dtype, device=x.device)
+    r = torch.round(torch.sqrt((ky * h) ** 2 + (kx * w) ** 2)).long()  # radius in pixels^-1
+    nbin = int(r.max()) + 1
+
+    def radial(v):  # (H, W//2+1) -> its mean on each ring, put back on the grid
+        sums = torch.zeros(nbin, dtype=v.dtype, device=v.device).index_add_(0, r.reshape(-1),
+                                                                            v.reshape(-1))
+        counts = torch.bincount(r.reshape(-1), minlength=nbin).to(v.dtype)
+        return (sums / counts.clamp_min(1))[r]
+
+    var = float(x.reshape(n, -1).var(1).mean())
+    noise = var / (1.0 + snr) * h * w  # white noise's power per coefficient (unnormalised FFT)
+    if noise == 0.0:
+        return torch.full((h, w // 2 + 1), math.inf, dtype=x.dtype, device=x.device)
+    power = torch.zeros((h, w // 2 + 1), dtype=x.dtype, device=x.device)
+    c2 = torch.zeros_like(power)
+    for i in range(0, n, 256):  # blocks of images: the spectra of all n at once may not fit
+        power += (torch.fft.rfft2(x[i:i + 256]).abs() ** 2).sum(0)
+        c2 += (ctf_images(ctf[i:i + 256], (h, w), dtype=x.dtype, device=x.device,
+                          half=True) ** 2).sum(0)
+    signal = (radial(power / n) - noise).clamp_min(0) / radial(c2 / n).clamp_min(1e-3)
+    signal = signal.clamp_min(1e-6 * float(signal.max()) + 1e-30)
+    return signal / noise
+
+
+def wiener_combine(images: torch.Tensor, C: torch.Tensor, reg) -> torch.Tensor:
     """Tensor core of :func:`wiener_average`: ``images`` ``(..., k, H, W)`` aligned, ``C``
-    ``(..., k, H, W // 2 + 1)`` their CTFs (half grid); the ``(..., H, W)`` estimates."""
+    ``(..., k, H, W // 2 + 1)`` their CTFs (half grid), ``reg`` ``1 / snr`` (a number or
+    ``(H, W // 2 + 1)``); the ``(..., H, W)`` estimates."""
     h, w = images.shape[-2:]
     F = torch.fft.rfft2(images)
     num = (C * F).sum(-3)
-    den = (C ** 2).sum(-3) + 1.0 / snr
+    den = (C ** 2).sum(-3) + reg
     return torch.fft.irfft2(num / den, s=(h, w))
 
 
@@ -351,9 +426,10 @@ def wiener_average(images, ctf, *, snr=1.0):
         Images of one object, already aligned with one another.
     ctf : CTF of length k
         Each image's CTF (for images warped into alignment: :meth:`CTF.warped`).
-    snr : float, default=1.0
-        Signal-to-noise ratio of one image (variance of the signal over that of the noise):
-        the regularisation ``1 / snr`` keeps the frequencies where every CTF vanishes at zero.
+    snr : float or array-like of shape (H, W // 2 + 1), default=1.0
+        Signal-to-noise ratio of one image (variance of the signal over that of the noise), or
+        per frequency (:func:`spectral_snr`): the regularisation ``1 / snr`` keeps the
+        frequencies where every CTF vanishes at zero.
 
     Returns
     -------
@@ -372,10 +448,10 @@ def wiener_average(images, ctf, *, snr=1.0):
     True
     """
     ctf = _check_ctf(ctf)
-    snr = _check_snr(snr)
     x, is_numpy = _as_image_tensor(images, len(ctf))
+    reg = _regulariser(snr, x)
     C = ctf_images(ctf, x.shape[-2:], dtype=x.dtype, device=x.device, half=True)
-    out = wiener_combine(x, C, snr)
+    out = wiener_combine(x, C, reg)
     return out.cpu().numpy() if is_numpy else out
 
 
