@@ -15,6 +15,7 @@ from invariant_cluster.ctf import (
     ctf_images,
     phase_flip,
     read_star,
+    spectral_snr,
     star_tables,
     wiener_average,
     wiener_filter,
@@ -177,6 +178,37 @@ class TestFilters:
             assert np.corrcoef(one.ravel(), p.ravel())[0, 1] < 0.9
         avg = wiener_average(y, ctf, snr=1e9)
         assert np.abs(avg - p).max() < 1e-5 * np.abs(p).max()
+
+    def test_spectral_snr(self):
+        # a defocus series of one projection plus white noise of known variance: the estimate
+        # is the projection's radial power over the noise's, large at low frequencies, small
+        # at high ones
+        rng = np.random.default_rng(0)
+        p = projection(32)
+        ctf = CTF(np.linspace(10000.0, 25000.0, 200), voltage=200, pixel_size=5.0)
+        clean = apply_ctf(np.stack([p] * 200), ctf)
+        sigma2 = clean.var(axis=(1, 2)).mean()  # SNR 1
+        noisy = clean + rng.normal(0, np.sqrt(sigma2), clean.shape)
+        snr_k = spectral_snr(noisy, ctf, snr=1.0).numpy()
+        assert snr_k.shape == (32, 17) and (snr_k > 0).all()
+        assert snr_k[0, 1] > 100 * snr_k[16, 16]  # low against high frequencies
+        # the projection's mean power on each ring over the noise's, within 20%
+        P = np.abs(np.fft.rfft2(p)) ** 2
+        ky, kx = np.fft.fftfreq(32)[:, None] * 32, np.fft.rfftfreq(32)[None] * 32
+        ring = np.round(np.hypot(kx, ky)).astype(int)
+        for r in (1, 2, 3, 5):
+            truth = P[ring == r].mean() / (sigma2 * 32 * 32)
+            np.testing.assert_allclose(snr_k[ring == r], truth, rtol=0.2)
+        # no noise: no regularisation left to speak of
+        assert (spectral_snr(clean, ctf, snr=1e300).numpy() > 1e100).all()
+        # a per-frequency snr in the filters; a wrong shape is refused
+        out = wiener_average(noisy[:3], ctf[:3], snr=snr_k)
+        assert out.shape == (32, 32)
+        with pytest.raises(ValueError, match=r"snr: expected a number or an array of shape "
+                                             r"\(32, 17\)"):
+            wiener_filter(noisy[:3], ctf[:3], snr=np.ones((32, 32)))
+        with pytest.raises(ValueError, match="snr: expected positive"):
+            wiener_filter(noisy[:3], ctf[:3], snr=np.zeros((32, 17)))
 
     def test_torch_in_torch_out(self):
         c = as_ctf(PARAMS[0])
