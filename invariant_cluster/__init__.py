@@ -30,11 +30,11 @@ _LAZY = {
     "InvariantKNeighborsTransformer": "invariant_cluster.kneighbors",
     "invariant_kneighbors_graph": "invariant_cluster.kneighbors",
 }
-_SUBMODULES = {"attention", "diagnostics", "datasets", "plotting", "transforms", "alignment",
+_SUBMODULES = {"attention", "ctf", "diagnostics", "datasets", "plotting", "transforms", "alignment",
                "barycenters", "cluster", "denoise", "decomposition", "metrics", "neighbors",
                "kneighbors"}
 
-__all__ = sorted([*_LAZY, "attention", "diagnostics", "datasets", "plotting", "metrics",
+__all__ = sorted([*_LAZY, "attention", "ctf", "diagnostics", "datasets", "plotting", "metrics",
                   "neighbors", "__version__"])
 
 

@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PUBLIC_MODULES = ["transforms", "alignment", "barycenters", "cluster", "decomposition",
+PUBLIC_MODULES = ["transforms", "ctf", "alignment", "barycenters", "cluster", "decomposition",
                   "attention", "diagnostics", "datasets", "metrics", "neighbors", "plotting"]
 
 
