@@ -24,10 +24,11 @@ def add_cryoem_options(parser):
                         "its order; needs pip install invariant_cluster[cryoem]): the search "
                         "on phase-flipped images, CTF-corrected averages, and particles.star "
                         "with each particle's class, angle, shift and mirror")
-    c.add_argument("--snr", type=_number(float, 0, strict=True, what="a positive number"),
-                   default=1.0, metavar="SNR",
-                   help="signal-to-noise ratio of one image, the Wiener regularisation of the "
-                        "CTF-corrected averages (default: 1)")
+    positive = _number(float, 0, strict=True, what="'auto' or a positive number")
+    c.add_argument("--snr", type=lambda t: t if t == "auto" else positive(t), metavar="SNR",
+                   help="Wiener-filtered averages: the signal-to-noise ratio of one image, or "
+                        "'auto' to measure the noise (default: auto with --star, else plain "
+                        "averages)")
     c.add_argument("--rotation-center", choices=["auto", "geometric", "fourier"],
                    default="auto",
                    help="centre of rotations and mirrors: 'fourier' is pixel (W//2, H//2) "
@@ -77,7 +78,7 @@ def one_step_averages(args, progress, X, den, ctf=None, rotation_center="geometr
     _check_finite(class_averages=averages)
     info = {"method": "one-step", "n_neighbors": k,
             "denoise": None if den is None else den.get_params(), "center": bool(args.center),
-            "ctf": ctf is not None, "snr": args.snr if ctf is not None else None,
+            "ctf": ctf is not None, "snr": args.snr,
             "rotation_center": rotation_center, "params": params}
     return averages, seconds, info
 

@@ -208,7 +208,7 @@ def _check_labels(labels, n: int) -> np.ndarray:
 @reusing_heap
 def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=180.0,
                    n_rotations=36, max_translation=0, refine=True, reflection=False,
-                   neighbor_search="auto", denoise=None, center=False, ctf=None, snr=1.0,
+                   neighbor_search="auto", denoise=None, center=False, ctf=None, snr=None,
                    rotation_center="auto", image_shape=None, device="auto", batch_size=None,
                    return_alignments=False):
     """Class averages: denoised images by averaging under alignment.
@@ -259,10 +259,13 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         ``sum_j C_j F(y_j) / (sum_j C_j^2 + 1 / snr_k)`` of the aligned images, ``C_j`` the CTF of
         image ``j`` turned with its alignment (:func:`invariant_cluster.ctf.wiener_average`),
         ``snr`` per frequency: an estimate of the projection without CTF.
-    snr : float, default=1.0
-        Signal-to-noise ratio of one image (with ``ctf`` only): with the images' power
-        spectrum it gives the Wiener term at each frequency
-        (:func:`invariant_cluster.ctf.spectral_snr`).
+    snr : None, "auto" or float, default=None
+        The Wiener term of the averages (``labels=None`` and given: single-channel images):
+        with the images' power spectrum, the noise measured on them (``"auto"``) or one image's
+        signal-to-noise ratio gives the signal-to-noise ratio at each frequency
+        (:func:`invariant_cluster.ctf.spectral_snr`). Without ``ctf`` it makes each average the
+        Wiener estimate ``sum_j F(y_j) / (k + 1 / snr_k)`` instead of the plain mean. None:
+        ``"auto"`` with ``ctf``, the plain mean without.
     rotation_center : {"auto", "geometric", "fourier"}, default="auto"
         Centre of rotations and mirrors (:mod:`invariant_cluster.transforms`' Convention):
         ``"fourier"``, the pixel ``(W // 2, H // 2)`` of cryo-EM particle stacks, or the
@@ -316,10 +319,12 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         raise ValueError("center: only with labels=None (each image's class average)")
     ctf, rc = _check_ctf_options(ctf, snr, rotation_center, Xt)
     Xs = Xt if ctf is None else _phase_flipped(Xt, ctf)
-    if ctf is not None:
+    wiener = ctf is not None or snr is not None
+    if wiener:
         from .ctf import spectral_snr
 
-        reg = 1.0 / spectral_snr(Xt[:, 0], ctf, snr=snr)  # the Wiener term at each frequency
+        # the Wiener term at each frequency
+        reg = 1.0 / spectral_snr(Xt[:, 0], ctf, snr="auto" if snr is None else snr)
     Xp, Xs = pad_for_centre(Xt, rc), pad_for_centre(Xs, rc)  # the search's frame (Convention)
     h, w = Xt.shape[-2:]
     if labels is not None:
@@ -333,9 +338,9 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
                 members = torch.as_tensor(np.flatnonzero(lab == c), device=dev)
                 w_ = torch.full((len(members),), 1.0 / len(members), dtype=Xt.dtype, device=dev)
                 mu, p, _ = invariant_mean_tensor(Xs[members], w_, grid, batch_size=batch_size)
-                if ctf is not None:
+                if wiener:
                     warped = fast_warp(Xp[members], p)[..., :h, :w]
-                    mu = _ctf_corrected(warped[None, :, 0], ctf[members.cpu().numpy()], p,
+                    mu = _ctf_corrected(warped[None, :, 0], _subset(ctf, members), p,
                                         reg)[0][None]
                 means.append(mu[..., :h, :w])
                 params[members] = p
@@ -348,10 +353,10 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
             max_translation=max_translation, group=group, max_rotation=max_rotation,
             n_rotations=n_rotations, refine=refine, reflection=reflection,
             batch_size=batch_size, neighbor_search=neighbor_search)
-        if ctf is None:
-            out = _one_step_average(Xp, ind, tau, batch_size=batch_size)[..., :h, :w]
-        else:
+        if wiener:
             out = _one_step_ctf_average(Xp, ind, tau, ctf, reg, (h, w))
+        else:
+            out = _one_step_average(Xp, ind, tau, batch_size=batch_size)[..., :h, :w]
         out_shape = tuple(X.shape)
         extra = (ind, tau)
     out = out.reshape(out_shape)
@@ -367,9 +372,13 @@ def _check_ctf_options(ctf, snr, rotation_center, Xt):
         check_rotation_center(rotation_center)
     if ctf is not None:
         _check_ctf(ctf, Xt.shape[0])
-        _check_snr(snr)
         if Xt.shape[1] != 1:
             raise ValueError(f"ctf: only for single-channel images, got {Xt.shape[1]} channels")
+    if snr is not None:
+        if not (isinstance(snr, str) and snr == "auto"):
+            _check_snr(snr)
+        if Xt.shape[1] != 1:
+            raise ValueError(f"snr: only for single-channel images, got {Xt.shape[1]} channels")
     if rotation_center == "auto":
         rotation_center = "geometric" if ctf is None else "fourier"
     return ctf, rotation_center
@@ -381,13 +390,19 @@ def _phase_flipped(Xt, ctf):
     return phase_flip(Xt[:, 0], ctf)[:, None]
 
 
+def _subset(ctf, index):
+    return None if ctf is None else ctf[torch.as_tensor(index).cpu().numpy()]
+
+
 def _ctf_corrected(warped, ctf, params, reg):
     """Wiener estimates ``(b, H, W)`` of groups of aligned images ``warped`` ``(b, k, H, W)``
-    whose CTFs are ``ctf`` (``b k`` images) turned by their alignments ``params``
-    ``(b k, 3 or 4)``."""
+    whose CTFs are ``ctf`` (``b k`` images; None: no CTF) turned by their alignments
+    ``params`` ``(b k, 3 or 4)``."""
     from .ctf import ctf_images, wiener_combine
 
     b, k, h, w = warped.shape
+    if ctf is None:
+        return wiener_combine(warped, warped.new_ones((b, k, 1, 1)), reg)
     C = ctf_images(ctf.warped(params.reshape(b * k, -1)), (h, w), dtype=warped.dtype,
                    device=warped.device, half=True)
     return wiener_combine(warped, C.reshape(b, k, *C.shape[-2:]), reg)
@@ -410,7 +425,7 @@ def _one_step_ctf_average(Xp, ind, tau, ctf, reg, shape):
             i, p = idx[r:r + step], params[r:r + step]
             warped = fast_warp(Xp[i.reshape(-1).to(dev)], p.reshape(-1, p.shape[-1]).to(dev))
             warped = warped[:, 0, :h, :w].reshape(len(i), k, h, w)
-            out.append(_ctf_corrected(warped, ctf[i.reshape(-1).numpy()],
+            out.append(_ctf_corrected(warped, _subset(ctf, i.reshape(-1)),
                                       p.reshape(-1, p.shape[-1]), reg))
     return torch.cat(out)[:, None]
 
@@ -472,7 +487,7 @@ image_shape, device, batch_size
     """
     dev = resolve_device(device)
     Xt, _, _ = to_images(X, name="X", image_shape=image_shape, device=dev, min_samples=2)
-    ctf, rc = _check_ctf_options(ctf, 1.0, rotation_center, Xt)
+    ctf, rc = _check_ctf_options(ctf, None, rotation_center, Xt)
     Xt = pad_for_centre(Xt if ctf is None else _phase_flipped(Xt, ctf), rc)
     return _aligned_neighbors(
         Xt, tuple(Xt.shape[1:]), n_neighbors, denoise=denoise, center=center, device=dev,

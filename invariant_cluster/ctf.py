@@ -352,23 +352,25 @@ def _regulariser(snr, x: torch.Tensor):
     return 1.0 / s.to(device=x.device, dtype=x.dtype)
 
 
-def spectral_snr(images, ctf, *, snr=1.0):
+def spectral_snr(images, ctf=None, *, snr="auto"):
     """The signal-to-noise ratio at each frequency, ``(H, W // 2 + 1)`` (``rfft2``'s grid), for
     the Wiener filters: the projections' radially averaged power over the noise's.
 
-    The noise is taken white, of variance ``var / (1 + snr)`` with ``var`` the images' mean
-    pixel variance (``snr`` the images' overall signal-to-noise ratio, signal variance over
-    noise variance). The projections' power at radius ``r`` is the images' mean power there less
-    the noise's, divided by the mean ``C^2`` there (at least 1e-3), and at least 1e-6 of its
-    largest value. A regulariser ``1 / snr`` that is the same at every frequency
-    over-smooths the low frequencies, where a projection has most of its power, and lets
-    the noise of the high ones through.
+    The noise is taken white. Its variance is measured on the images
+    (:func:`invariant_cluster.denoise.estimate_noise_std`) with ``snr="auto"``, or is
+    ``var / (1 + snr)`` for a number ``snr`` (the images' overall signal-to-noise ratio,
+    signal variance over noise variance; ``var`` their mean pixel variance). The projections'
+    power at radius ``r`` is the images' mean power there less the noise's, divided by the
+    mean ``C^2`` there (at least 1e-3), and at least 1e-6 of its largest value. A regulariser
+    ``1 / snr`` that is the same at every frequency over-smooths the low frequencies, where a
+    projection has most of its power, and lets the noise of the high ones through.
 
     Parameters
     ----------
     images : array-like or torch.Tensor of shape (n, H, W)
-    ctf : CTF of length n
-    snr : float, default=1.0
+    ctf : CTF of length n, optional
+        None: no CTF (``C = 1``).
+    snr : "auto" or float, default="auto"
 
     Returns
     -------
@@ -376,10 +378,16 @@ def spectral_snr(images, ctf, *, snr=1.0):
         On the images' device and dtype (float32 for integer images); infinity where there is
         no noise.
     """
-    ctf = _check_ctf(ctf)
-    snr = _check_snr(snr)
-    x, _ = _as_image_tensor(images, len(ctf))
+    if ctf is not None:
+        ctf = _check_ctf(ctf)
+    x, _ = _as_image_tensor(images, None if ctf is None else len(ctf))
     n, h, w = x.shape
+    if isinstance(snr, str) and snr == "auto":
+        from .denoise import estimate_noise_std
+
+        sigma2 = estimate_noise_std(x[:, None]) ** 2
+    else:
+        sigma2 = float(x.reshape(n, -1).var(1).mean()) / (1.0 + _check_snr(snr))
     ky, kx = _frequencies(h, w, half=True, dtype=x.dtype, device=x.device)
     r = torch.round(torch.sqrt((ky * h) ** 2 + (kx * w) ** 2)).long()  # radius in pixels^-1
     nbin = int(r.max()) + 1
@@ -390,16 +398,16 @@ def spectral_snr(images, ctf, *, snr=1.0):
         counts = torch.bincount(r.reshape(-1), minlength=nbin).to(v.dtype)
         return (sums / counts.clamp_min(1))[r]
 
-    var = float(x.reshape(n, -1).var(1).mean())
-    noise = var / (1.0 + snr) * h * w  # white noise's power per coefficient (unnormalised FFT)
+    noise = sigma2 * h * w  # white noise's power per coefficient (unnormalised FFT)
     if noise == 0.0:
         return torch.full((h, w // 2 + 1), math.inf, dtype=x.dtype, device=x.device)
     power = torch.zeros((h, w // 2 + 1), dtype=x.dtype, device=x.device)
-    c2 = torch.zeros_like(power)
+    c2 = torch.zeros_like(power) if ctf is not None else torch.ones_like(power) * n
     for i in range(0, n, 256):  # blocks of images: the spectra of all n at once may not fit
         power += (torch.fft.rfft2(x[i:i + 256]).abs() ** 2).sum(0)
-        c2 += (ctf_images(ctf[i:i + 256], (h, w), dtype=x.dtype, device=x.device,
-                          half=True) ** 2).sum(0)
+        if ctf is not None:
+            c2 += (ctf_images(ctf[i:i + 256], (h, w), dtype=x.dtype, device=x.device,
+                              half=True) ** 2).sum(0)
     signal = (radial(power / n) - noise).clamp_min(0) / radial(c2 / n).clamp_min(1e-3)
     signal = signal.clamp_min(1e-6 * float(signal.max()) + 1e-30)
     return signal / noise

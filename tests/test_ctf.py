@@ -260,6 +260,22 @@ class TestClassAverages:
             warped = warp_se2(clean[members].astype(np.float32), tau[members])
             assert np.abs(warped - means[v]).max() < 1e-3 * np.abs(truth).max()
 
+    def test_wiener_average_without_ctf(self):
+        # C = 1: with no noise the Wiener estimate is the plain mean; on noisy copies the
+        # measured noise ("auto") makes it closer to the projections than the plain mean
+        clean, _, _, _ = self.setup_data(copies=8)
+        clean = clean.astype(np.float32)
+        plain = class_averages(clean, n_neighbors=7, n_rotations=4, refine=False, device="cpu")
+        w = class_averages(clean, n_neighbors=7, n_rotations=4, refine=False, snr=1e12,
+                           device="cpu")
+        np.testing.assert_allclose(w, plain, atol=1e-5)
+        rng = np.random.default_rng(5)
+        noisy = clean + rng.normal(0, 0.5 * clean.std(), clean.shape).astype(np.float32)
+        plain = class_averages(noisy, n_neighbors=7, n_rotations=4, refine=False, device="cpu")
+        auto = class_averages(noisy, n_neighbors=7, n_rotations=4, refine=False, snr="auto",
+                              device="cpu")
+        assert np.linalg.norm(auto - clean) < 0.8 * np.linalg.norm(plain - clean)
+
     def test_search_on_phase_flipped_images(self):
         _, y, ctf, label = self.setup_data(copies=8)
         ind, _ = aligned_neighbors(y, n_neighbors=7, ctf=ctf, n_rotations=4, refine=False,
@@ -278,6 +294,10 @@ class TestClassAverages:
             class_averages(y, n_neighbors=3, rotation_center="middle", device="cpu")
         with pytest.raises(ValueError, match="ctf: only for single-channel"):
             class_averages(np.stack([y, y], 1), n_neighbors=3, ctf=ctf, device="cpu")
+        with pytest.raises(ValueError, match="snr: only for single-channel"):
+            class_averages(np.stack([y, y], 1), n_neighbors=3, snr="auto", device="cpu")
+        with pytest.raises(TypeError, match="snr"):
+            class_averages(y, n_neighbors=3, snr="high", device="cpu")
 
 
 class TestCTFParameters:

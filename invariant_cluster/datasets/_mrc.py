@@ -47,7 +47,9 @@ def load_mrc(path, *, return_voxel_size=False):
     -------
     images : ndarray of shape (n, H, W), float32
         One image per section (``nz`` of them, 1 for a single image), rows along the file's
-        ``y`` axis. The file's values as they are (no rescaling).
+        ``y`` axis. The file's values as they are (no rescaling). Particle boxes are centred
+        on the pixel ``(W // 2, H // 2)``: warp them with ``rotation_center="fourier"``
+        (:mod:`invariant_cluster.transforms`).
     voxel_size : tuple of float (x, y, z)
         The header's voxel size in ångström (0 where the file does not say), only if
         ``return_voxel_size`` is True.
