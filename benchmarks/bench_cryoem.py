@@ -84,10 +84,11 @@ The CTF suite (``--suite ctf``, ``benchmarks/results/cryoem_ctf.json``) compares
 - ASPIRE: ``DenoiserCov2D`` (covariance Wiener filter on an ``FFBBasis2D``, given the true
   noise variance; no alignment), and ``RIRClass2D``'s neighbours (on ASPIRE's phase-flipped
   images when there is a CTF);
-- ours: ``aligned_neighbors`` (72 angles, mirrors, ``DihedralPCA(40, output_size=24)``,
-  ``rotation_center="fourier"``, and ``"geometric"`` for comparison), then the one-step
-  average of k = 10 (CTF-corrected, ``snr`` the true SNR, when there is a CTF: what
-  ``class_averages(X, ctf=...)`` runs); and our filter alone as a control (``RadialWiener``
+- ours: ``class_averages`` (72 angles, mirrors, the search on ``DihedralPCA(40,
+  output_size=24)``, ``rotation_center="fourier"``, and ``"geometric"`` for comparison), each
+  image's one-step average of k = 10 neighbours: the Wiener estimate with the noise measured
+  (``snr="auto"``; CTF-corrected when there is a CTF), with the true SNR (with CTF), or the
+  plain mean (without); and our filter alone as a control (``RadialWiener``
   without CTF, ``ctf.wiener_filter`` with ``ctf.spectral_snr`` with it). ASPIRE's images have
   the raw micrograph's contrast (dark protein); ours get ``-images``, as RELION's extraction
   (``--invert_contrast``) writes particles;
@@ -457,18 +458,23 @@ def ours_ctf_part(data, args):
         name = "ours: RadialWiener alone (no alignment)"
     row(name, filt, seconds=time.perf_counter() - t0)
 
-    for centre in args.centres:
-        # class_averages(X, ctf=...): the search on the phase-flipped images' DihedralPCA copy,
-        # then each image's CTF-corrected one-step average
+    # class_averages(X, ctf=...): the search on the phase-flipped images' DihedralPCA copy,
+    # then each image's one-step average: with snr (or a CTF) the Wiener estimate, the noise
+    # measured ("auto") or the true SNR given (as Cov2D is given the true noise variance)
+    variants = [("fourier", "auto"), ("fourier", snr if has_ctf else None),
+                ("geometric", "auto" if has_ctf else None)]
+    for centre, wiener in variants:
+        if centre not in args.centres:
+            continue
         t0 = time.perf_counter()
         avg, ind, tau = class_averages(
             X, n_neighbors=args.k, n_rotations=72, reflection=True, refine=args.refine,
-            ctf=ctf, snr=snr, rotation_center=centre, return_alignments=True, device="cpu",
+            ctf=ctf, snr=wiener, rotation_center=centre, return_alignments=True, device="cpu",
             denoise=DihedralPCA(args.pca_components, output_size=args.pca_size))
         seconds = time.perf_counter() - t0
         row(f"ours: class_averages(72 angles, mirrors, DihedralPCA({args.pca_components}, "
             f"output_size={args.pca_size}), rotation_center={centre!r}"
-            f"{', ctf' if has_ctf else ''}), k={args.k}", avg,
+            f"{', ctf' if has_ctf else ''}, snr={wiener!r}), k={args.k}", avg,
             **neighbour_scores(rots, ind, tau[..., 3].astype(bool)), seconds=seconds)
     return rows
 

@@ -443,10 +443,11 @@ def _cryoem_ctf_kind(method):
         return "rir"
     if "alone" in method:
         return "filter"
-    if "rotation_center='fourier'" in method:
-        return "ours"
-    if "rotation_center='geometric'" in method:
-        return "ours_geometric"
+    if method.startswith("ours: class_averages"):
+        centre = "fourier" if "rotation_center='fourier'" in method else "geometric"
+        snr = method.rsplit("snr=", 1)[1].split(")")[0]
+        kind = {"'auto'": "auto", "None": "plain"}.get(snr, "true")
+        return f"ours_{centre}_{kind}"
     return method
 
 
@@ -461,24 +462,28 @@ def table_cryoem_ctf(r):
         v = c.get(kind, {}).get(field)
         return "" if v is None else (f"{v:.0f}" if digits == 0 else fmt(v, digits))
 
+    def both(c, k):
+        return f"{get(c, k, 'corr')} / {get(c, k, 'corr_detail')}" if k in c else "–"
+
     def snr(v):
         return f"1/{1 / v:.0f}" if v < 1 else f"{v:g}"
 
     avg, nbr = [], []
     for (ctf, s), c in sorted(cells.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
         label = [snr(s), "yes" if ctf else "no"]
-        avg.append(label + [f"{get(c, k, 'corr')} / {get(c, k, 'corr_detail')}"
-                            for k in ("noisy", "cov2d", "filter", "ours")]
-                   + [get(c, k, "rel_mse", 4) for k in ("cov2d", "ours")])
-        nbr.append(label + [get(c, "rir", "nbr10"), get(c, "ours", "nbr10"),
-                            get(c, "ours_geometric", "nbr10"),
+        avg.append(label + [both(c, k) for k in ("noisy", "cov2d", "filter", "ours_fourier_plain",
+                                                 "ours_fourier_auto", "ours_fourier_true")]
+                   + [get(c, k, "rel_mse", 4) for k in ("cov2d", "ours_fourier_auto")])
+        nbr.append(label + [get(c, "rir", "nbr10"), get(c, "ours_fourier_auto", "nbr10"),
+                            get(c, "ours_geometric_auto", "nbr10")
+                            or get(c, "ours_geometric_plain", "nbr10"),
                             get(c, "cov2d", "seconds", 1), get(c, "rir", "seconds_neighbors", 1),
-                            get(c, "ours", "seconds", 1)])
+                            get(c, "ours_fourier_auto", "seconds", 1)])
     if not avg:
         return table_generic(r)
     t1 = md_table(["SNR", "CTF", "noisy image", "ASPIRE DenoiserCov2D", "ours: filter alone",
-                   "ours: class_averages", "rel. MSE Cov2D", "rel. MSE ours"], avg,
-                  ["l", "l"] + ["r"] * 6)
+                   "ours: plain mean", "ours: Wiener, snr='auto'", "ours: Wiener, true SNR",
+                   "rel. MSE Cov2D", "rel. MSE ours (auto)"], avg, ["l", "l"] + ["r"] * 8)
     t2 = md_table(["SNR", "CTF", "ASPIRE RIRClass2D", "ours, rotation_center='fourier'",
                    "ours, 'geometric'", "s Cov2D", "s RIRClass2D", "s ours (search + averages)"],
                   nbr, ["l", "l"] + ["r"] * 6)
@@ -556,7 +561,8 @@ def _headline_fashion(r):
 def _headline_cryoem_ctf(r):
     rows = r["rows"]
     m = "ours: class_averages(72 angles, mirrors, DihedralPCA(40, output_size=24), "
-    ours = _row(rows, snr=1.0, ctf=True, method=m + "rotation_center='fourier', ctf), k=10")
+    ours = _row(rows, snr=1.0, ctf=True,
+                method=m + "rotation_center='fourier', ctf, snr='auto'), k=10")
     cov = next(x for x in rows if x["snr"] == 1.0 and x["ctf"]
                and x["method"].startswith("ASPIRE DenoiserCov2D"))
     return (f"Cryo-EM: {r['n']:,} simulated {r['L']} x {r['L']} projections with a CTF, SNR 1",
@@ -569,7 +575,8 @@ def _headline_cryoem_ctf(r):
 def _headline_cryoem_ctf_neighbours(r):
     rows = r["rows"]
     m = "ours: class_averages(72 angles, mirrors, DihedralPCA(40, output_size=24), "
-    ours = _row(rows, snr=1.0, ctf=True, method=m + "rotation_center='fourier', ctf), k=10")
+    ours = _row(rows, snr=1.0, ctf=True,
+                method=m + "rotation_center='fourier', ctf, snr='auto'), k=10")
     rir = next(x for x in rows if x["snr"] == 1.0 and x["ctf"]
                and x["method"].startswith("ASPIRE RIRClass2D"))
     return ("The same: each image's 10 nearest neighbours",
