@@ -164,8 +164,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         ``1 x n_features`` image.
     device : {"auto", "cpu", "cuda", ...}, default="auto"
     batch_size : int, optional
-        Queries per block of the alignment search and rows per block of the iteration (None:
-        from a memory budget).
+        Queries per block of the alignment search (exact or of the shortlist's candidates)
+        and rows per block of the iteration: one meaning everywhere, images on the query side
+        (None: from a memory budget).
     neighbor_search : {"auto", "exact", "shortlist"}, default="auto"
         How the samples' kNN graph is found. "exact": the grid search over all pairs
         (``O(n^2)``). "shortlist": an SE(2)-invariant descriptor shortlists ``n_candidates``

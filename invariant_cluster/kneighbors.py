@@ -135,8 +135,8 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
     device : {"auto", "cpu", "cuda", ...}, default="auto"
         Where the search runs ("auto": CUDA when available). Fitted attributes stay NumPy.
     batch_size : int, optional
-        Block size of the search (queries per block for the exact search, keys per block for
-        the shortlist's exact part); None sizes blocks from the available memory. Memory is
+        Queries per block of the search, exact or of the shortlist's candidates; None sizes
+        blocks from the available memory. Memory is
         ``O(n_queries k)`` plus one block, never ``n_queries x n_samples_fit``.
     client : dask.distributed.Client, optional
         Run the blocks of the search on a dask cluster (identical results).

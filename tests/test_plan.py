@@ -133,3 +133,33 @@ def test_the_estimators_record_their_plan():
                                         neighbor_search="shortlist").fit(X)
     assert (tr.search_plan_.method, tr.search_plan_.n_keys) == ("shortlist", 60)
     assert tr.search_plan_.to_dict()["k"] == 5
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 7, 50])
+def test_batch_size_is_queries_per_block_in_the_candidate_search(monkeypatch, batch_size):
+    """``batch_size`` means queries per block in every search: the candidate search splits its
+    queries into blocks of ``batch_size`` (each block's keys sized by memory), with the same
+    result as one block."""
+    import invariant_cluster.search.candidates as cand_module
+    from invariant_cluster.search import candidate_search
+
+    g = torch.Generator().manual_seed(7)
+    X = torch.rand(20, 1, 9, 9, generator=g, dtype=torch.float64)
+    grid = make_search_grid("se2", 90.0, 6, 1, refine=False)
+    ex = torch.arange(20)
+    cand = torch.stack([torch.randperm(20, generator=g)[:8] for _ in range(20)])
+    ref = candidate_search(X, X, cand, grid, k=4, exclude=ex)
+    seen = []
+    real = cand_module.blocked_map
+
+    def spy(fn, blocks, **kwargs):
+        seen.append([set(q[q >= 0].tolist()) for _, q in blocks])
+        return real(fn, blocks, **kwargs)
+
+    monkeypatch.setattr(cand_module, "blocked_map", spy)
+    out = candidate_search(X, X, cand, grid, k=4, exclude=ex, batch_size=batch_size)
+    assert torch.equal(ref[1], out[1]) and torch.equal(ref[2], out[2])
+    assert torch.allclose(ref[0], out[0], rtol=1e-12, atol=1e-12)
+    # every block's queries lie within one block of batch_size consecutive queries
+    for rows in seen[0]:
+        assert len({r // batch_size for r in rows}) == 1

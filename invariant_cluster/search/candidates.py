@@ -63,7 +63,7 @@ def _key_block(block, X, xsq, shifts, angles, reflection=False):
     return dist, arg
 
 
-def _key_blocks(counts: torch.Tensor, per_key: int, per_pair: int, budget: int, batch_size):
+def _key_blocks(counts: torch.Tensor, per_key: int, per_pair: int, budget: int):
     """Split the keys (ascending in-degree) into blocks of bounded padded size."""
     order = torch.argsort(counts, stable=True)
     order = order[counts[order] > 0].tolist()
@@ -71,8 +71,7 @@ def _key_blocks(counts: torch.Tensor, per_key: int, per_pair: int, budget: int, 
     blocks, cur = [], []
     for j in order:  # m grows along ``order``: the block's padded width is the last count
         size = (len(cur) + 1) * (per_key + cnt[j] * per_pair)
-        if cur and ((batch_size is not None and len(cur) >= batch_size)
-                    or (batch_size is None and size > budget)):
+        if cur and size > budget:
             blocks.append(cur)
             cur = []
         cur.append(j)
@@ -107,7 +106,9 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
     k : int, optional
         Keep the ``k`` nearest candidates (None: all ``c``), sorted ascending.
     batch_size : int, optional
-        Keys per block (None: sized from the memory budget).
+        Queries per block (None: all at once); within a block of queries the keys are
+        blocked by the memory budget. Smaller blocks bound the memory and make more Dask
+        tasks, at the cost of warping a key once per block of queries that lists it.
     exclude : torch.Tensor of shape (n_x,), optional
         A key index to leave out for each query (its own index when ``X is Y``).
     client : dask.distributed.Client, optional
@@ -165,25 +166,27 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
     budget = _memory.block_elements(device, es)
     _memory.check_fits((per_key + per_pair) * es, device, "the search of a single key",
                        hint="use a smaller grid (n_rotations, max_translation) or smaller images")
-    flat = candidates.reshape(-1)
-    if exclude is not None:
-        # an excluded pair is never computed: its key becomes n_y, sorted past every real key
-        # (lists padded with the query's own index cost nothing)
-        flat = torch.where(candidates == exclude.to(device)[:, None], n_y, candidates).reshape(-1)
-    counts = torch.bincount(flat, minlength=n_y + 1)[:n_y]
-    order = torch.argsort(flat, stable=True)  # pairs grouped by key, queries ascending
-    starts = torch.cumsum(counts, 0) - counts
-    query_of_pair = order // c
+    # an excluded pair is never computed: its key becomes n_y, sorted past every real key
+    # (lists padded with the query's own index cost nothing)
+    keyed = candidates if exclude is None else torch.where(
+        candidates == exclude.to(device)[:, None], n_y, candidates)
     blocks, pair_ids = [], []
-    for keys in _key_blocks(counts.cpu(), per_key, per_pair, budget, batch_size):
-        kt = torch.as_tensor(keys, device=device)
-        cnt = counts[kt]
-        slot = torch.arange(int(cnt.max()), device=device)
-        pos = starts[kt, None] + slot[None]  # (kb, m) positions in ``order``
-        valid = slot[None] < cnt[:, None]
-        pos = torch.where(valid, pos, torch.zeros_like(pos))
-        blocks.append((Y[kt], torch.where(valid, query_of_pair[pos], -1)))
-        pair_ids.append(torch.where(valid, order[pos], -1))
+    step = max(1, n_x) if batch_size is None else batch_size
+    for q0 in range(0, n_x, step):  # query blocks; within each, key blocks from the budget
+        flat = keyed[q0:q0 + step].reshape(-1)
+        counts = torch.bincount(flat, minlength=n_y + 1)[:n_y]
+        order = torch.argsort(flat, stable=True)  # pairs grouped by key, queries ascending
+        starts = torch.cumsum(counts, 0) - counts
+        query_of_pair = order // c + q0
+        for keys in _key_blocks(counts.cpu(), per_key, per_pair, budget):
+            kt = torch.as_tensor(keys, device=device)
+            cnt = counts[kt]
+            slot = torch.arange(int(cnt.max()), device=device)
+            pos = starts[kt, None] + slot[None]  # (kb, m) positions in ``order``
+            valid = slot[None] < cnt[:, None]
+            pos = torch.where(valid, pos, torch.zeros_like(pos))
+            blocks.append((Y[kt], torch.where(valid, query_of_pair[pos], -1)))
+            pair_ids.append(torch.where(valid, order[pos] + q0 * c, -1))
     xsq = (X.reshape(n_x, -1) ** 2).sum(1)
     results = blocked_map(_key_block, blocks,
                           shared=(X, xsq, grid.shifts, angles, grid.reflection),

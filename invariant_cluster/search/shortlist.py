@@ -243,7 +243,8 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
     n_candidates : int, optional
         Shortlist length (None: :func:`~invariant_cluster.search.plan.default_n_candidates`).
     batch_size : int, optional
-        Keys per block of the exact search.
+        Queries per block of the exact search of the candidates (None: from the memory
+        budget).
     exclude : torch.Tensor of shape (n_x,), optional
         A key index to leave out for each query.
     client : dask.distributed.Client, optional
