@@ -28,7 +28,9 @@ import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
+from ._graph import graph_modes  # noqa: F401 - importable from here, as the docstring lists it
 from ._third_party import import_quietly
+from ._weights import calibrate_bandwidth
 
 # HDBSCAN's density is the distance to the 2nd nearest embedded point: its default (the minimum
 # cluster size) merged two groups of 3 copies in 15 samples; 1 and 2 gave the same partitions on
@@ -61,16 +63,6 @@ def two_hop_candidates(index: torch.Tensor, rows=None) -> torch.Tensor:
     order = order[:, :max(width, 1)]
     return torch.where(dup.gather(1, order), rows[:, None].expand_as(order),
                        cand.gather(1, order))
-
-
-def graph_modes(index: np.ndarray, dist: np.ndarray, tol: np.ndarray) -> np.ndarray:
-    """Labels of the connected components of the edges ``i - index[i, j]`` with
-    ``dist[i, j] <= tol[i]``; an edge counts in either direction."""
-    n = index.shape[0]
-    rows, cols = np.nonzero(dist <= tol[:, None])
-    graph = coo_matrix((np.ones(len(rows)), (rows, index[rows, cols])), shape=(n, n))
-    _, labels = connected_components(graph, directed=False)
-    return labels
 
 
 def embed_and_cluster(index: np.ndarray, dist: np.ndarray, n_clusters, random_state,
@@ -180,8 +172,6 @@ def fuzzy_graph(index: np.ndarray, dist: np.ndarray, random_state=0, calibration
                          np.exp(-(d / sigma[:, None]))).astype(np.float32)
         w[index == np.arange(n)[:, None]] = 0.0
         return _fuzzy_union(w, index)
-    from ._iteration import calibrate_bandwidth
-
     d = torch.as_tensor(np.asarray(dist, dtype=np.float64))
     rho, sigma = calibrate_bandwidth(d)
     w = torch.exp(-(d - rho[:, None]).clamp(min=0) / sigma[:, None]).numpy()

@@ -28,9 +28,9 @@ from sklearn.utils.validation import check_is_fitted
 from . import _memory
 from ._duplicates import canonical_order, near_duplicates, unique_in_canonical_order
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
+from ._graph import graph_modes
 from ._grouping import (
     DECIDE_ROWS,
-    graph_modes,
     group,
     resolve_graph,
     two_hop_candidates,
