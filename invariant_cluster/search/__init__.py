@@ -9,8 +9,10 @@ Layers, bottom up (each module imports only those above it in this list):
 - :mod:`.kernel`: the block kernel (scores -> distances -> min over the grid -> exclude ->
   top-``k`` merge) and the exact all-pairs search, local or on Dask blocks;
 - :mod:`.candidates`: the exact search restricted to candidate keys;
-- :mod:`.descriptors` and :mod:`.shortlist`: the descriptor shortlist and ``neighbor_search``;
+- :mod:`.descriptors`: the rotation-steerable descriptors;
+- :mod:`.blocked`: the descriptor shortlist, every query against every key in blocks;
 - :mod:`.approximate`: the shortlist by faiss's inverted file, where the plan says so;
+- :mod:`.shortlist`: the descriptors, a shortlist, then the exact search (``neighbor_search``);
 - :mod:`.refine`: the continuous refinement of grid alignments;
 - :mod:`.dispatch`: runs a plan, the one entry of the estimators' kNN searches.
 
@@ -33,6 +35,8 @@ from .kernel import (
 )
 from .plan import SearchPlan, make_search_plan
 from .refine import all_pairs, refine_alignments, refine_pairs
+
+# ``shortlist`` the function (of .blocked), bound after the submodule of that name is loaded
 from .shortlist import neighbor_search, shortlist, shortlist_descriptors
 
 __all__ = [

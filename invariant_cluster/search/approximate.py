@@ -1,6 +1,6 @@
 """The approximate shortlist: an inverted-file index (faiss) instead of comparing every pair.
 
-:func:`~invariant_cluster.search.shortlist.shortlist` compares every query descriptor with every
+:func:`~invariant_cluster.search.blocked.shortlist` compares every query descriptor with every
 key descriptor (``n_x n_y U V d`` multiply-adds: quadratic in ``n``). Beyond
 ``search.plan.FAISS_MIN_KEYS`` keys (on the CPU) the shortlist instead
 
@@ -30,6 +30,7 @@ import torch
 
 from .._heap import release
 from .._progress import progress_bar
+from .blocked import check_descriptors, shortlist
 
 __all__ = ["approximate_shortlist"]
 
@@ -129,7 +130,7 @@ def _reduce(D, Ind, U, V, m, exclude):
 
 def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *,
                           exclude=None, random_state=0, batch_size=None) -> torch.Tensor:
-    """:func:`~invariant_cluster.search.shortlist.shortlist` by an approximate index search.
+    """:func:`~invariant_cluster.search.blocked.shortlist` by an approximate index search.
 
     Parameters
     ----------
@@ -152,8 +153,6 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
     candidates : torch.Tensor of shape (n_x, n_candidates), long
         Distinct key indices, nearest first (by descriptor distance).
     """
-    from .shortlist import check_descriptors, shortlist
-
     Xd, Yd, m = check_descriptors(X_desc, Y_desc, n_candidates, exclude)
     n_x, U, d = Xd.shape
     n_y, V = Yd.shape[:2]

@@ -3,8 +3,10 @@
 1. :func:`shortlist_descriptors`: rotation-steerable descriptors of the keys at a few rotations
    (about every 15 degrees) and of the queries at a few shifts
    (:mod:`~invariant_cluster.search.descriptors`);
-2. :func:`shortlist`: the ``n_candidates`` nearest keys of each query by descriptor distance
-   (the smallest over the copies), with the search's block kernel;
+2. :func:`~invariant_cluster.search.blocked.shortlist` (blocked, all pairs) or
+   :func:`~invariant_cluster.search.approximate.approximate_shortlist` (faiss): the
+   ``n_candidates`` nearest keys of each query by descriptor distance (the smallest over the
+   copies);
 3. :func:`~invariant_cluster.search.candidates.candidate_search`: the exact grid search
    restricted to each query's candidates.
 
@@ -19,12 +21,13 @@ from dataclasses import replace
 import torch
 
 from .. import _memory
-from .._progress import progress_bar
 from ..transforms import rotation_grid, translation_grid
+from . import approximate as _approximate
+from .blocked import check_descriptors, shortlist  # noqa: F401 - importable from here
 from .candidates import candidate_search
 from .descriptors import invariant_descriptors, steerable_descriptors
 from .grid import SearchGrid, check_int
-from .kernel import grid_min, mask_excluded, merge_topk
+from .kernel import merge_topk
 from .plan import HOP_NEIGHBORS, default_n_candidates, uses_faiss
 
 __all__ = ["shortlist", "shortlist_descriptors", "neighbor_search"]
@@ -37,84 +40,6 @@ _SHORTLIST_ANGLE_STEP = 15.0
 _SHORTLIST_ANGULAR = 32
 _SHORTLIST_FREQUENCIES = 9
 _SHORTLIST_BLUR = 0.5
-
-
-def check_descriptors(X_desc, Y_desc, n_candidates, exclude):
-    """``(X_desc, Y_desc, m)`` of a shortlist: the descriptors as ``(n, copies, d)`` (the keys'
-    on the queries' device and dtype) and the shortlist length ``m``, clipped to the keys left
-    (one fewer with ``exclude``); refuses mismatched shapes and an empty choice."""
-    Xd = X_desc[:, None] if X_desc.ndim == 2 else X_desc
-    Yd = Y_desc[:, None] if Y_desc.ndim == 2 else Y_desc
-    if Xd.ndim != 3 or Yd.ndim != 3 or Xd.shape[-1] != Yd.shape[-1]:
-        raise ValueError(f"X_desc, Y_desc: expected (n, [copies,] d) tensors with the same d, "
-                         f"got {tuple(X_desc.shape)} and {tuple(Y_desc.shape)}")
-    n_candidates = check_int(n_candidates, "n_candidates", 1)
-    n_y = Yd.shape[0]
-    m = min(n_candidates, n_y - (1 if exclude is not None else 0))
-    if m < 1:
-        raise ValueError(f"n_candidates: no key left to choose from ({n_y} keys)")
-    return Xd, Yd.to(device=Xd.device, dtype=Xd.dtype), m
-
-
-def shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *, batch_size=None,
-              exclude=None) -> torch.Tensor:
-    """The ``n_candidates`` nearest keys of every query by descriptor distance.
-
-    Blocked: squared distances ``||x||^2 + ||y||^2 - 2 <x, y>`` of a block of queries against a
-    chunk of keys (one matrix product), minimised over the copies of each image, and merged into
-    a running top-``n_candidates`` (memory ``O(n_x n_candidates + block)``).
-
-    Parameters
-    ----------
-    X_desc : torch.Tensor of shape (n_x, d) or (n_x, U, d)
-        Query descriptors; with ``U`` copies per query (e.g. its shifts).
-    Y_desc : torch.Tensor of shape (n_y, d) or (n_y, V, d)
-        Key descriptors; with ``V`` copies per key (e.g. its rotations). The distance of a pair is
-        the smallest over the ``U x V`` pairs of copies.
-    n_candidates : int
-        Clipped to ``n_y`` (minus one with ``exclude``).
-    batch_size : int, optional
-        Queries per block (None: from the memory budget).
-    exclude : torch.Tensor of shape (n_x,), optional
-        A key index to leave out for each query.
-
-    Returns
-    -------
-    candidates : torch.Tensor of shape (n_x, n_candidates), long
-        Distinct key indices, nearest first.
-    """
-    Xd, Yd, m = check_descriptors(X_desc, Y_desc, n_candidates, exclude)
-    batch_size = check_int(batch_size, "batch_size", 1, allow_none=True)
-    n_x, U, d = Xd.shape
-    n_y, V = Yd.shape[:2]
-    device = Xd.device
-    budget = _memory.block_elements(device, 3 * Xd.element_size())
-    # keys per chunk: a few times the shortlist, so that merging stays cheap
-    kc = int(max(1, min(n_y, max(4 * m, 1024))))
-    qb = batch_size or int(max(1, min(n_x, budget // max(1, U * kc * V + 2 * (kc + m)))))
-    Yflat = Yd.reshape(n_y * V, d)
-    ysq = (Yflat * Yflat).sum(1)
-    out = torch.empty((n_x, m), dtype=torch.long, device=device)
-    exclude = None if exclude is None else exclude.to(device)
-    bar = progress_bar(-(-n_x // qb), "descriptor shortlist")
-    for q0 in range(0, n_x, qb):
-        bar.update()
-        Q = Xd[q0:q0 + qb].reshape(-1, d)
-        b = Q.shape[0] // U
-        qsq = (Q * Q).sum(1).reshape(b, 1, U, 1)
-        ex = None if exclude is None else exclude[q0:q0 + b]
-        top = None
-        for k0 in range(0, n_y, kc):
-            k1 = min(n_y, k0 + kc)
-            scores = (Q @ Yflat[k0 * V:k1 * V].T).reshape(b, U, k1 - k0, V).permute(0, 2, 1, 3)
-            D, _ = grid_min(scores, ysq[k0 * V:k1 * V].reshape(1, k1 - k0, 1, V), qsq,
-                            return_arg=False)
-            keys = torch.arange(k0, k1, device=device)
-            mask_excluded(D, keys, ex)
-            top = merge_topk(top, D, keys.expand(b, -1), None, m)
-        out[q0:q0 + b] = top[1]
-    bar.close()
-    return out
 
 
 def shortlist_descriptors(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *,
@@ -302,11 +227,10 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
         if n_candidates >= n_avail:  # the shortlist would hold every key anyway
             candidates = torch.arange(n_y, device=X.device).expand(X.shape[0], n_y)
         elif approximate:
-            from .approximate import approximate_shortlist
-
             X_desc, Y_desc = shortlist_descriptors(X, Y, grid, descriptor=descriptor,
                                                    rotate="auto")
-            candidates = approximate_shortlist(X_desc, Y_desc, n_candidates, exclude=exclude)
+            candidates = _approximate.approximate_shortlist(X_desc, Y_desc, n_candidates,
+                                                            exclude=exclude)
         else:
             X_desc, Y_desc = shortlist_descriptors(X, Y, grid, descriptor=descriptor)
             candidates = shortlist(X_desc, Y_desc, n_candidates, exclude=exclude)
