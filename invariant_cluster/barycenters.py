@@ -1,185 +1,37 @@
-"""Averaging under alignment: the weighted invariant mean of a set of images."""
+"""Averaging under alignment, the public face: the weighted invariant mean of a set of images
+(:func:`invariant_mean`, the algorithm in ``_means``) and class averages
+(:func:`class_averages`, :func:`aligned_neighbors`), which compose the invariant kNN
+transformer and the denoiser, so this module sits with the estimators, above them."""
 
 from __future__ import annotations
 
-import math
 import numbers
-from dataclasses import replace
 
 import numpy as np
 import torch
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+from sklearn.utils.validation import check_is_fitted
 
 from ._heap import reusing_heap
-from ._progress import progress_bar
-from ._utils import check_real_dtype, resolve_device
+from ._means import invariant_mean, invariant_mean_tensor
+from ._utils import resolve_device
 from .alignment import to_images
-from .search import grid_search, make_search_grid, refine_alignments
+from .ctf import _check_ctf, _check_snr, ctf_images, phase_flip, spectral_snr, wiener_combine
+from .denoise import DihedralPCA
+from .kneighbors import InvariantKNeighborsTransformer
+from .neighbors import aligned_weighted_sum
+from .search import make_search_grid
+from .search.descriptors import _centres
 from .transforms import (
     check_rotation_center,
     compose_se2,
     fast_warp,
     image_centre,
-    invert_se2,
     pad_for_centre,
 )
 
 __all__ = ["invariant_mean", "class_averages", "aligned_neighbors"]
-
-
-def invariant_mean_tensor(X: torch.Tensor, w: torch.Tensor, grid, *, init=None, max_iter=20,
-                          tol=1e-5, batch_size=None):
-    """Tensor core of :func:`invariant_mean`: ``X`` ``(n, C, H, W)``, ``w`` ``(n,)`` summing to 1.
-
-    Returns ``(mean (C, H, W), params (n, grid.n_params), n_iter)``.
-    """
-    n = X.shape[0]
-    if init is None:
-        # weighted medoid under the invariant distance: a start that is one of the samples
-        D, _ = grid_search(X, X, grid, batch_size=batch_size)
-        score = D @ w
-        # near-ties (transformed copies of one image) go to the heaviest sample
-        energy = float((X.reshape(n, -1) ** 2).sum(1).mean())
-        tie = score <= score.min() + 1e-5 * max(energy, 1e-12)
-        init = X[int(torch.argmax(torch.where(tie, w, torch.full_like(w, -1.0))))]
-    mu = init
-    n_iter = 0
-    for n_iter in range(1, max_iter + 1):  # noqa: B007 - n_iter is returned
-        # warp the one mean rather than all samples (R warps instead of n R): the best grid
-        # point of mu onto x_j, inverted, starts the refinement of x_j onto mu
-        _, p = grid_search(X, mu[None], grid, batch_size=batch_size)
-        p = invert_se2(p[:, 0])
-        _, params = refine_alignments(mu.expand(n, *mu.shape), X, p, grid)
-        new = (w[:, None, None, None] * fast_warp(X, params)).sum(0)
-        move = float(torch.linalg.vector_norm(new - mu))
-        scale = float(torch.linalg.vector_norm(new)) or 1.0
-        mu = new
-        if move <= tol * scale:
-            break
-    return mu, params, n_iter
-
-
-def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotations=36,
-                   max_translation=0, refine=True, image_shape=None, device="auto",
-                   batch_size=None, max_iter=20, tol=1e-5, reflection=False,
-                   rotation_center="geometric"):
-    """Weighted invariant mean: align every sample onto the mean, average, repeat.
-
-    Minimises ``sum_j w_j ||mu - T_tau_j x_j||^2`` over ``mu`` and the ``tau_j`` by alternating
-    (the fixed point is the weighted average of the samples, each aligned onto the mean). The
-    ORIGINAL samples are warped at every step, so the mean is not blurred by repeated warps.
-
-    Parameters
-    ----------
-    X : array-like or torch.Tensor of shape (n, n_features), (n, H, W) or (n, C, H, W)
-    weights : array-like of shape (n,), optional
-        Non-negative weights (normalised to sum to 1); None gives equal weights.
-    group, max_rotation, n_rotations, max_translation, refine, image_shape, device, batch_size
-        As in :func:`invariant_distances`.
-    reflection : bool, default=False
-        Also align the mirror images of the samples (E(2), as in :func:`invariant_distances`).
-    max_iter : int, default=20
-    tol : float, default=1e-5
-        Stop when the mean moves by less than ``tol`` times its norm.
-    rotation_center : {"geometric", "fourier"}, default="geometric"
-        The centre of rotations and mirrors (:mod:`invariant_cluster.transforms`' Convention):
-        ``"fourier"`` for cryo-EM particles, whose centre is the pixel ``(W // 2, H // 2)``.
-
-    Returns
-    -------
-    mean : ndarray or torch.Tensor
-        Shape ``(n_features,)`` for flat input, else the image shape of one sample.
-    alignments : ndarray or torch.Tensor of shape (n, 3), or (n, 4) with ``reflection=True``
-        ``(angle, tx, ty)`` that warps each sample onto the mean (``warp_se2(X[j], tau[j])``),
-        and the mirror bit with reflections.
-
-    Notes
-    -----
-    The invariant mean is unique only up to a transformation of ``mu``; it starts from the
-    weighted invariant medoid, so it stays in that sample's pose. Starting there costs one
-    ``n x n`` grid search; each iteration costs one ``1 x n`` grid search and ``~8`` warps per
-    sample for the refinement.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from invariant_cluster import invariant_mean, warp_se2
-    >>> img = np.zeros((9, 9), np.float32); img[2:7, 4] = 1.0
-    >>> copies = warp_se2(np.stack([img] * 4), [[0, 0, 0], [90, 0, 0], [180, 0, 0], [-90, 0, 0]])
-    >>> mean, tau = invariant_mean(copies, n_rotations=4, refine=False)
-    >>> bool(np.abs(mean - img).max() < 1e-4)
-    True
-    """
-    dev = resolve_device(device)
-    if isinstance(max_iter, bool) or not isinstance(max_iter, numbers.Integral) or max_iter < 1:
-        raise ValueError(f"max_iter: expected an int >= 1, got {max_iter!r}")
-    if isinstance(tol, bool) or not isinstance(tol, numbers.Real):
-        raise TypeError(f"tol: expected a real number >= 0, got {tol!r}")
-    if not (math.isfinite(tol) and tol >= 0):
-        raise ValueError(f"tol: expected a finite number >= 0, got {tol!r}")
-    check_rotation_center(rotation_center)
-    Xt, _, is_numpy = to_images(X, name="X", image_shape=image_shape, device=dev)
-    h0, w0 = Xt.shape[-2:]
-    Xt = pad_for_centre(Xt, rotation_center)
-    grid = make_search_grid(group, max_rotation, n_rotations, max_translation, refine,
-                            reflection, image_shape=tuple(Xt.shape[1:]))
-    n = Xt.shape[0]
-    if weights is None:
-        w = torch.full((n,), 1.0 / n, dtype=Xt.dtype, device=dev)
-    else:
-        w = np.asarray(weights.detach().cpu() if isinstance(weights, torch.Tensor) else weights)
-        check_real_dtype(w.dtype, "weights")
-        if w.shape != (n,):
-            raise ValueError(f"weights: expected shape ({n},), got {w.shape}")
-        w = w.astype(np.float64)
-        if not np.isfinite(w).all() or (w < 0).any() or not (w > 0).any():
-            raise ValueError("weights: expected finite non-negative values with a positive sum")
-        # divided by the largest first: the sum of n weights near 1e308 would overflow
-        w = w / w.max()
-        w = torch.as_tensor(w / w.sum(), dtype=Xt.dtype, device=dev)
-    with torch.no_grad():
-        mu, params, _ = invariant_mean_tensor(Xt, w, grid, max_iter=max_iter, tol=tol,
-                                              batch_size=batch_size)
-    mu = mu[..., :h0, :w0]
-    # the sample's own layout: flat rows stay flat, (H, W) and (C, H, W) images keep theirs
-    # (np.shape, not X.shape: X may be a nested list)
-    in_shape = tuple(np.shape(X) if is_numpy else X.shape)
-    out_shape = (-1,) if len(in_shape) == 2 else in_shape[1:]
-    mu = mu.reshape(out_shape)
-    if is_numpy:
-        return mu.cpu().numpy(), params.cpu().numpy().astype(np.float64)
-    return mu, params
-
-
-def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
-    """Each cluster's invariant mean of its samples, and each sample's alignment onto it.
-
-    The fixed-point iteration of the invariant mean runs on the grid (three rounds, started at
-    the cluster's densest converged mean); then two rounds with the continuous refinement
-    (``grid.refine``, about 20 warps per sample and round), the centre being the average of the
-    members warped with the refined alignments.
-    """
-    coarse = replace(grid, refine=False)
-    n_clusters = int(labels.max()) + 1
-    centers = []
-    params = torch.zeros((Xt.shape[0], grid.n_params), dtype=Xt.dtype, device=Xt.device)
-    density = torch.nan_to_num(D_knn, posinf=0.0).mean(1)
-    bar = progress_bar(n_clusters, "cluster centres", "cluster")
-    for c in range(n_clusters):  # a loop over clusters; each step is batched over its members
-        members = torch.as_tensor(np.flatnonzero(labels == c), device=Xt.device)
-        w = torch.full((len(members),), 1.0 / len(members), dtype=Xt.dtype, device=Xt.device)
-        # start from the converged mean of the member in the densest place
-        init = M[members[int(torch.argmin(density[members]))]]
-        Xc = Xt[members]
-        mu, p, _ = invariant_mean_tensor(Xc, w, coarse, init=init, max_iter=3, tol=1e-4,
-                                         batch_size=batch_size)
-        for _ in range(2 if grid.refine else 0):  # refined rounds of the same fixed point
-            _, p = refine_alignments(mu.expand(len(members), *mu.shape), Xc, p, grid)
-            mu = (w[:, None, None, None] * fast_warp(Xc, p)).sum(0)
-        centers.append(mu)
-        params[members] = p
-        bar.update()
-    bar.close()
-    return torch.stack(centers), params
 
 
 def _check_labels(labels, n: int) -> np.ndarray:
@@ -321,8 +173,6 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
     Xs = Xt if ctf is None else _phase_flipped(Xt, ctf)
     wiener = ctf is not None or snr is not None
     if wiener:
-        from .ctf import spectral_snr
-
         # the Wiener term at each frequency
         reg = 1.0 / spectral_snr(Xt[:, 0], ctf, snr="auto" if snr is None else snr)
     Xp, Xs = pad_for_centre(Xt, rc), pad_for_centre(Xs, rc)  # the search's frame (Convention)
@@ -366,8 +216,6 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
 
 def _check_ctf_options(ctf, snr, rotation_center, Xt):
     """``(ctf, rotation_center)`` checked, ``"auto"`` resolved."""
-    from .ctf import _check_ctf, _check_snr
-
     if not (isinstance(rotation_center, str) and rotation_center == "auto"):
         check_rotation_center(rotation_center)
     if ctf is not None:
@@ -385,8 +233,6 @@ def _check_ctf_options(ctf, snr, rotation_center, Xt):
 
 
 def _phase_flipped(Xt, ctf):
-    from .ctf import phase_flip
-
     return phase_flip(Xt[:, 0], ctf)[:, None]
 
 
@@ -398,8 +244,6 @@ def _ctf_corrected(warped, ctf, params, reg):
     """Wiener estimates ``(b, H, W)`` of groups of aligned images ``warped`` ``(b, k, H, W)``
     whose CTFs are ``ctf`` (``b k`` images; None: no CTF) turned by their alignments
     ``params`` ``(b k, 3 or 4)``."""
-    from .ctf import ctf_images, wiener_combine
-
     b, k, h, w = warped.shape
     if ctf is None:
         return wiener_combine(warped, warped.new_ones((b, k, 1, 1)), reg)
@@ -500,8 +344,6 @@ def _aligned_neighbors(Xt, shape, n_neighbors, *, denoise, center, device, max_t
                        **search_kw):
     """:func:`aligned_neighbors` on validated images ``Xt`` ``(n, C, H, W)`` (both public
     functions' checks of ``n_neighbors`` and ``center`` are here)."""
-    from .kneighbors import InvariantKNeighborsTransformer
-
     n = Xt.shape[0]
     if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, numbers.Integral) \
             or not 1 <= n_neighbors < n:
@@ -537,8 +379,6 @@ def _one_step_average(Xt, ind, tau, batch_size=None):
     """Each image of ``Xt`` ``(n, C, H, W)`` and its neighbours ``ind`` ``(n, k)``, warped onto
     it by ``tau`` ``(n, k, 3 or 4)``, averaged with equal weights (the image itself at the
     identity): the second half of :func:`class_averages`."""
-    from .neighbors import aligned_weighted_sum
-
     n, dev = Xt.shape[0], Xt.device
     idx = torch.cat([torch.arange(n)[:, None], torch.as_tensor(ind)], 1).to(dev)
     tau = torch.as_tensor(tau, dtype=Xt.dtype, device=dev)
@@ -553,8 +393,6 @@ def _centred(flat: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
     positive part (channels summed) is at the image centre, and the ``(n, 2)`` offsets
     ``(dx, dy)`` of those centres from the image centre (an image with no positive value is
     left as it is)."""
-    from .search.descriptors import _centres
-
     Z = torch.as_tensor(flat).reshape(-1, *shape)
     h, w = shape[-2:]
     d = _centres(Z, "mass") - torch.tensor(image_centre(h, w), dtype=Z.dtype)
@@ -567,11 +405,6 @@ def _centred(flat: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
 def _fitted_denoiser(denoise, Xt):
     """``denoise`` fitted on the images ``Xt`` ``(n, C, H, W)`` (a clone), or as given when it
     is fitted already."""
-    from sklearn.base import clone
-    from sklearn.exceptions import NotFittedError
-    from sklearn.utils.validation import check_is_fitted
-
-    from .denoise import DihedralPCA
 
     if not isinstance(denoise, DihedralPCA):
         raise TypeError(f"denoise: expected None or a DihedralPCA, got {type(denoise).__name__}")

@@ -46,10 +46,10 @@ from ._iteration import (  # noqa: F401 - the iteration's names, importable from
     iterate_attention,
     mean_shift,
 )
+from ._means import cluster_means
 from ._progress import progress, progress_bar
 from ._threads import thread_limit
 from ._utils import resolve_device
-from .barycenters import cluster_means
 from .denoise import RadialWiener
 from .search import all_pairs, candidate_search, knn_search, make_search_plan, refine_pairs
 from .transforms import fast_warp
