@@ -40,9 +40,7 @@ from ._heap import reusing_heap
 from ._iteration import (  # noqa: F401 - the iteration's names, importable from here as before
     _relabel_by_size,
     attend_means,
-    attention_weights,
     blurring_mean_shift,
-    calibrate_bandwidth,
     iterate_attention,
     mean_shift,
 )
@@ -50,6 +48,7 @@ from ._means import cluster_means
 from ._progress import progress, progress_bar
 from ._threads import thread_limit
 from ._utils import resolve_device
+from ._weights import attention_weights, calibrate_bandwidth  # noqa: F401 - as before
 from .denoise import RadialWiener
 from .search import all_pairs, candidate_search, knn_search, make_search_plan, refine_pairs
 from .transforms import fast_warp
