@@ -1,5 +1,5 @@
-"""Helpers of the command line (:mod:`invariant_cluster.cli`): argument types, the progress bar,
-warnings as lines, the output folder and the files common to several commands.
+"""Helpers of the command line (:mod:`invariant_cluster.cli`): argument types, warnings as
+lines, the output folder and the files common to several commands.
 
 Importing this module is cheap (no torch, no NumPy), as the command line's ``--help`` needs.
 """
@@ -10,7 +10,6 @@ import argparse
 import math
 import os
 import sys
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -60,46 +59,6 @@ _noise_float = _number(float, 0, what="'auto' or a number >= 0")
 
 def _noise_std(text):
     return text if text == "auto" else _noise_float(text)
-
-
-class _Progress:
-    """A tqdm bar over a few named stages; the elapsed time ticks while a stage runs.
-
-    The estimator has no progress callback, so a stage (e.g. the whole fit) is one step; a
-    background thread refreshes the bar every half second so the elapsed time stays live.
-    Shown only on a terminal (tqdm's ``disable=None``) and never with ``--quiet``.
-    """
-
-    def __init__(self, stages, quiet):
-        from tqdm.auto import tqdm
-
-        self.bar = tqdm(total=len(stages), disable=True if quiet else None, unit="stage",
-                        file=sys.stderr, leave=False,
-                        bar_format="{desc} {bar} {n_fmt}/{total_fmt} [{elapsed}]")
-
-    @contextmanager
-    def stage(self, name):
-        self.bar.set_description_str(name)
-        stop = threading.Event()
-
-        def tick():
-            while not stop.wait(0.5):
-                self.bar.refresh()
-
-        thread = None
-        if not self.bar.disable:
-            thread = threading.Thread(target=tick, daemon=True)
-            thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            if thread is not None:
-                thread.join()
-        self.bar.update(1)
-
-    def close(self):
-        self.bar.close()
 
 
 @contextmanager

@@ -76,10 +76,10 @@ class SE2SearchMixin(ImageInputMixin):
 
     _parameter_constraints: dict = dict(SEARCH_CONSTRAINTS)
 
-    def _grid(self, refine=True):
-        """The validated :class:`~invariant_cluster.alignment.SearchGrid` of the parameters;
-        ``refine=False`` leaves the refinement out whatever ``self.refine`` says."""
+    def _grid(self, refine):
+        """The validated :class:`~invariant_cluster.alignment.SearchGrid` of the parameters,
+        with the continuous refinement when ``refine`` (the caller passes ``self.refine``
+        where the estimator has that parameter)."""
         return make_search_grid(self.group, self.max_rotation, self.n_rotations,
-                                self.max_translation, refine and getattr(self, "refine", False),
-                                self.reflection,
+                                self.max_translation, bool(refine), self.reflection,
                                 image_shape=getattr(self, "image_shape_", None))

@@ -6,7 +6,7 @@ a search, the rows of the attention iteration still moving, the grouping, the ce
 stand-in with the same methods otherwise. The switch is a context variable, so the search
 functions need no ``verbose`` argument of their own and the default stays silent. A bar asked
 for while another is open (e.g. the small searches inside the loop over cluster centres) is
-silent: one bar per stage.
+silent: one bar per stage. The command line's bar over its stages is :class:`StageBar`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
+import threading
 
-__all__ = ["progress", "progress_bar"]
+__all__ = ["progress", "progress_bar", "StageBar"]
 
 _VERBOSE = contextvars.ContextVar("invariant_cluster_verbose", default=0)
 _OPEN = contextvars.ContextVar("invariant_cluster_open_bar", default=False)
@@ -89,3 +90,45 @@ def progress_bar(total=None, desc="", unit="block"):
         return _Silent()
     return _Bar(total=total, desc=desc, unit=unit, file=sys.stderr, leave=True,
                 dynamic_ncols=True)
+
+
+class StageBar:
+    """The command line's bar over a few named stages; the elapsed time ticks while a stage
+    runs.
+
+    A stage (e.g. the whole fit) is one step; a background thread refreshes the bar every half
+    second so the elapsed time stays live. Shown only on a terminal (tqdm's ``disable=None``)
+    and never when ``quiet``. It does not count as an open bar: the estimator's own bars
+    (:func:`progress_bar`) still show under it.
+    """
+
+    def __init__(self, stages, quiet):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=len(stages), disable=True if quiet else None, unit="stage",
+                        file=sys.stderr, leave=False,
+                        bar_format="{desc} {bar} {n_fmt}/{total_fmt} [{elapsed}]")
+
+    @contextlib.contextmanager
+    def stage(self, name):
+        self.bar.set_description_str(name)
+        stop = threading.Event()
+
+        def tick():
+            while not stop.wait(0.5):
+                self.bar.refresh()
+
+        thread = None
+        if not self.bar.disable:
+            thread = threading.Thread(target=tick, daemon=True)
+            thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if thread is not None:
+                thread.join()
+        self.bar.update(1)
+
+    def close(self):
+        self.bar.close()

@@ -53,7 +53,6 @@ from ._cli_support import (
     _nonnegative_int,
     _positive_int,
     _print_table,
-    _Progress,
     _save_figure,
     _version,
     _warnings_as_lines,
@@ -61,6 +60,7 @@ from ._cli_support import (
     _write_labels,
     load_input,
 )
+from ._progress import StageBar
 
 
 class _Parser(argparse.ArgumentParser):
@@ -220,7 +220,7 @@ def _report_clusters(est, X, seconds):
 
 
 def _cmd_fit(args):
-    progress = _Progress(["load", "fit", "write"], args.quiet)
+    progress = StageBar(["load", "fit", "write"], args.quiet)
     try:
         with progress.stage("loading"):
             X, y, names = _load(args, args.labels)
@@ -295,7 +295,7 @@ def _cmd_class_averages(args):
     from .datasets._mrc import _mrcfile, _voxel_size, _write_mrcs
 
     one_step, den = _cli_averages.one_step_options(args)
-    progress = _Progress(["load", "fit", "write"], args.quiet)
+    progress = StageBar(["load", "fit", "write"], args.quiet)
     ctf = est = None
     try:
         with progress.stage("loading"):
@@ -452,7 +452,7 @@ def _demo_data(args):
 
 
 def _cmd_demo(args):
-    progress = _Progress(["data", "k-means", "kernel", "invariant", "write"], args.quiet)
+    progress = StageBar(["data", "k-means", "kernel", "invariant", "write"], args.quiet)
     search = min(180.0, args.max_rotation + 15.0)
     n_rot = args.n_rotations or 2 * math.ceil(search / 5.0) + 1
     rows = []
@@ -563,7 +563,7 @@ def _cmd_neighbors(args):
     import numpy as np
     from scipy import sparse
 
-    progress = _Progress(["load", "search", "write"], args.quiet)
+    progress = StageBar(["load", "search", "write"], args.quiet)
     try:
         with progress.stage("loading"):
             X, _, _ = _load(args)

@@ -352,7 +352,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
     def _filtered(self, Xt):
         """New images as the fit saw them: filtered in place by ``filter_`` (``Xt`` is a
         copy made by ``_tensor``)."""
-        return self.filter_._filter_tensor(Xt, in_place=True)
+        return self.filter_.filter_tensor(Xt, in_place=True)
 
     def _log(self, msg):
         if self.verbose:
@@ -402,7 +402,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         first, inverse = unique_in_canonical_order(X2)
         # 0. the noise, measured on (at most 10,000 of) the distinct images
         Xu = self._tensor(X2[first], dev, copy=False)  # X2[first] is a new array
-        self.filter_ = RadialWiener(self.noise_std, image_shape=self.image_shape_)._fit_tensor(
+        self.filter_ = RadialWiener(self.noise_std, image_shape=self.image_shape_).fit_tensor(
             Xu, getattr(self, "feature_names_in_", None))
         self.noise_std_ = float(self.filter_.noise_std_)
         filtered = not self.filter_.is_identity
@@ -457,7 +457,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
             stage.close()
             self._log(f"{int(labels.max()) + 1} clusters ({time.perf_counter() - t0:.1f} s)")
             # 5. centres: each cluster's invariant mean, started at its densest converged mean
-            centers, params = cluster_means(Xt, M, labels, self._grid(), self.batch_size, Dg)
+            centers, params = cluster_means(Xt, M, labels, self._grid(self.refine),
+                                            self.batch_size, Dg)
             # every sample takes its representative's results (a near duplicate its own pose)
             M, params = self._expand(Xu, M, params, centers, labels, core, dup)
         if self.max_iter > 0 and not converged:
@@ -533,7 +534,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         C = centers[lab]
         _, _, onto = candidate_search(C, Xu[rows], torch.arange(len(own), device=dev)[:, None],
                                       grid, k=1, batch_size=self.batch_size)
-        refine = self._grid()
+        refine = self._grid(self.refine)
         _, p = refine_pairs(C, Xu[rows], torch.arange(len(own), device=dev),
                             torch.arange(len(own), device=dev), onto[:, 0], refine)
         Pu[rows] = p.to(Pu.dtype)
@@ -597,7 +598,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                                              dev))
             C = self._tensor(self.cluster_centers_, dev)
             # the samples are warped onto the centres, as in alignments_
-            D, _ = all_pairs(C, Xt, self._grid(refine=True), batch_size=self.batch_size)
+            D, _ = all_pairs(C, Xt, self._grid(self.refine), batch_size=self.batch_size)
         return D.T.cpu().numpy().astype(X2.dtype)
 
     @property

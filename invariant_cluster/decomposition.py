@@ -504,8 +504,9 @@ class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, Transf
                                               device=device).reshape(-1, *shape)
         ex = torch.arange(q.shape[0], device=device) if exclude else None
         with torch.no_grad():
-            dist, idx, _ = knn_search(q, keys, self._grid(), k, method="shortlist", exclude=ex,
-                                      n_candidates=self.n_candidates)
+            # KernelPCAAttention has no refine parameter: the grid's alignments
+            dist, idx, _ = knn_search(q, keys, self._grid(refine=False), k, method="shortlist",
+                                      exclude=ex, n_candidates=self.n_candidates)
         return dist.double().cpu().numpy(), idx.cpu().numpy()
 
     def _fit_invariant(self, X, device):

@@ -299,6 +299,15 @@ background is flat measure 0 (clean MNIST digits: exactly 0, and the filter is t
 identity) or nearly 0 (Fashion-MNIST: 0.006, a change of 0.04% of the images' norm)."""
 
 
+def _check_image_tensor(Xt, name: str) -> None:
+    """Refuses anything but a floating-point tensor of images ``(n, C, H, W)``."""
+    if not isinstance(Xt, torch.Tensor) or Xt.ndim != 4 or not Xt.is_floating_point():
+        got = (f"a {Xt.ndim}-D {Xt.dtype} tensor" if isinstance(Xt, torch.Tensor)
+               else type(Xt).__name__)
+        raise TypeError(f"{name}: expected a float torch.Tensor of shape (n, C, H, W), "
+                        f"got {got}")
+
+
 def _image_tensor(X) -> torch.Tensor:
     X = torch.as_tensor(X)
     if X.ndim != 4:
@@ -589,11 +598,25 @@ class RadialWiener(ImageInputMixin, OneToOneFeatureMixin, TransformerMixin, Base
         """
         self._validate_params()
         _, Xt = self._images(X, reset=True)
-        return self._fit_tensor(Xt)
+        return self.fit_tensor(Xt)
 
-    def _fit_tensor(self, Xt, feature_names_in=None):
-        """``fit`` on validated images ``(n, C, H, W)`` (a tensor on any device), whose flat
-        rows had the column names ``feature_names_in`` (None: none)."""
+    def fit_tensor(self, Xt, feature_names_in=None):
+        """``fit`` on images that are a tensor already, on any device: the path of an
+        estimator that runs the filter on its own validated copy of the input.
+
+        Parameters
+        ----------
+        Xt : torch.Tensor of shape (n, C, H, W)
+            Float images.
+        feature_names_in : array-like of str, optional
+            The column names of the flat rows the images came from (None: none).
+
+        Returns
+        -------
+        self : object
+        """
+        self._validate_params()
+        _check_image_tensor(Xt, "Xt")
         self.image_shape_ = tuple(int(v) for v in Xt.shape[1:])
         self.n_features_in_ = math.prod(self.image_shape_)
         if feature_names_in is not None:
@@ -616,9 +639,26 @@ class RadialWiener(ImageInputMixin, OneToOneFeatureMixin, TransformerMixin, Base
         check_is_fitted(self)
         return bool(np.all(self.gain_ == 1.0))
 
-    def _filter_tensor(self, Xt, in_place=False):
-        """Filtered images ``(n, C, H, W)``: a new tensor, or ``Xt`` itself filtered in place
-        (``in_place``, for a caller's own copy; nothing to do when the gain is 1)."""
+    def filter_tensor(self, Xt, in_place=False):
+        """``transform`` on images that are a tensor already, on any device.
+
+        Parameters
+        ----------
+        Xt : torch.Tensor of shape (n, C, H, W)
+            Float images of the fitted ``image_shape_``.
+        in_place : bool, default=False
+            Filter ``Xt`` itself (for a caller's own copy; nothing to do when the gain is 1)
+            instead of returning a new tensor.
+
+        Returns
+        -------
+        Zt : torch.Tensor of shape (n, C, H, W)
+        """
+        check_is_fitted(self)
+        _check_image_tensor(Xt, "Xt")
+        if tuple(Xt.shape[1:]) != tuple(self.image_shape_):
+            raise ValueError(f"Xt: expected images of shape {tuple(self.image_shape_)} as in "
+                             f"fit, got {tuple(Xt.shape[1:])}")
         if self.is_identity:
             return Xt if in_place else Xt.clone()
         return apply_radial_gain(Xt, self.gain_, out=Xt if in_place else None)
@@ -636,5 +676,5 @@ class RadialWiener(ImageInputMixin, OneToOneFeatureMixin, TransformerMixin, Base
         """
         check_is_fitted(self)
         X2, Xt = self._images(X, reset=False)
-        return self._filter_tensor(Xt).reshape(len(X2), -1).numpy().astype(X2.dtype,
+        return self.filter_tensor(Xt).reshape(len(X2), -1).numpy().astype(X2.dtype,
                                                                             copy=False)

@@ -242,7 +242,7 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         self : object
         """
         X2 = self._validate(X, reset=True)
-        self._grid()  # validates the search parameters now rather than at transform
+        self._grid(self.refine)  # validates the search parameters now rather than at transform
         resolve_device(self.device)
         self._fit_X = np.array(X2, copy=True)
         self.n_samples_fit_ = int(X2.shape[0])
@@ -258,7 +258,7 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         n_neighbors, not on k, so that the graphs of one estimator agree on their common
         prefix whatever k is asked for (connectivity with k, distance with k + 1,
         kneighbors() without self)."""
-        grid = self._grid()
+        grid = self._grid(self.refine)
         if not (grid.refine and any(grid.free)):
             return k
         pool = max(k, self.n_neighbors + 1 - (1 if exclude_self else 0))
@@ -266,8 +266,8 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
 
     def _plan(self, n_queries, k_search, device, *, self_search):
         """The search plan of ``n_queries`` queries against the fitted images."""
-        return make_search_plan(n_queries, self.n_samples_fit_, self._grid().size, k_search,
-                                device=device, method=self.neighbor_search,
+        return make_search_plan(n_queries, self.n_samples_fit_, self._grid(self.refine).size,
+                                k_search, device=device, method=self.neighbor_search,
                                 n_candidates=self.n_candidates, purpose="graph",
                                 self_search=self_search)
 
@@ -276,7 +276,7 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
     def _kneighbors(self, Q2, k, exclude_self):
         """``(dist, ind, tau)`` NumPy arrays of the ``k`` nearest fitted images of each row."""
         dev = resolve_device(self.device)
-        grid = self._grid()
+        grid = self._grid(self.refine)
         dtype = torch.float64 if np.float64 in (Q2.dtype, self._fit_X.dtype) else torch.float32
         K = torch.as_tensor(self._fit_X).to(device=dev, dtype=dtype).reshape(-1, *self.image_shape_)
         Q = K if exclude_self else to_tensor(Q2).to(

@@ -296,6 +296,16 @@ def _sizes(X: torch.Tensor, n_y: int, grid: SearchGrid, batch_size, budget: int)
 
 
 # ----------------------------------------------------------------------------- exact search
+def _chunk_distances(Q, xsq, Kw, E, k0, exclude):
+    """The kernel on one block, the step of every exact search's loop: the distances and grid
+    points of the shifted queries ``Q`` to a chunk of warped keys (key indices from ``k0``),
+    each query's excluded key masked. Returns ``(dist, arg, keys)``."""
+    keys = torch.arange(k0, k0 + Kw.shape[0], device=Q.device)
+    dmin, arg = block_distances(Q, xsq, Kw, E)
+    mask_excluded(dmin, keys, exclude)
+    return dmin, arg, keys
+
+
 def grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k=None,
                 batch_size=None, exclude=None):
     """Best grid transformation of every key onto every query.
@@ -335,15 +345,14 @@ def grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k=None,
         tops = [None] * n_x  # running top-k per query block, keyed by its first row
     kc, qb = _sizes(X, n_y, grid, batch_size, _memory.SCORE_BLOCK_ELEMENTS)
     bar = progress_bar(-(-n_y // kc) * -(-n_x // qb), "exact search")
+    # keys outside, queries inside: each chunk of keys is warped once
     for k0 in range(0, n_y, kc):
         Kw, E = _warped_chunk(Y[k0:k0 + kc], grid)
-        keys = torch.arange(k0, k0 + Kw.shape[0], device=device)
         for q0 in range(0, n_x, qb):
             bar.update()
             Q = shift_images(X[q0:q0 + qb], grid.shifts)
-            dmin, arg = block_distances(Q, xsq[q0:q0 + qb], Kw, E)
             ex = None if exclude is None else exclude[q0:q0 + qb]
-            mask_excluded(dmin, keys, ex)
+            dmin, arg, keys = _chunk_distances(Q, xsq[q0:q0 + qb], Kw, E, k0, ex)
             if k is None:
                 dist[q0:q0 + qb, k0:k0 + kc] = dmin
                 best[q0:q0 + qb, k0:k0 + kc] = arg
@@ -361,16 +370,15 @@ def grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k=None,
 
 def _grid_block(block, Kw, E, k, key_chunk, shifts):
     """Exact top-``k`` of one query block against every pre-warped key (a Dask task): the
-    kernel of :func:`grid_search` on warps computed once, ``Kw`` ``(n_y, R, canvas)`` and
-    ``E`` ``(n_y, R, S)``."""
+    step of :func:`grid_search` (:func:`_chunk_distances`) on warps computed once, ``Kw``
+    ``(n_y, R, canvas)`` and ``E`` ``(n_y, R, S)``."""
     Xb, ex = block
     xsq = (Xb.reshape(Xb.shape[0], -1) ** 2).sum(1)
     Q = shift_images(Xb, shifts)
     top = None
     for k0 in range(0, Kw.shape[0], key_chunk):
-        keys = torch.arange(k0, min(k0 + key_chunk, Kw.shape[0]), device=Xb.device)
-        dmin, arg = block_distances(Q, xsq, Kw[k0:k0 + key_chunk], E[k0:k0 + key_chunk])
-        mask_excluded(dmin, keys, ex)
+        dmin, arg, keys = _chunk_distances(Q, xsq, Kw[k0:k0 + key_chunk],
+                                           E[k0:k0 + key_chunk], k0, ex)
         top = merge_topk(top, dmin, keys.expand_as(dmin), arg, k)
     return top
 
