@@ -7,7 +7,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ._cli_support import UsageError, _check_finite, _number, _warnings_as_lines
+from ._cli_support import (
+    UsageError,
+    _check_finite,
+    _number,
+    _warnings_as_lines,
+    shared_options,
+)
 
 STAR_OUT = "particles.star"
 # the result columns written after the input's: class, then the transformation that takes the
@@ -60,10 +66,11 @@ def one_step_averages(args, progress, X, den, ctf=None, rotation_center="geometr
     """:func:`~invariant_cluster.class_averages` with the options given; ``(averages,
     seconds)``."""
     from .barycenters import class_averages
+    from .kneighbors import InvariantKNeighborsTransformer
 
-    names = ["group", "max_rotation", "n_rotations", "max_translation", "refine", "reflection",
-             "device", "batch_size"]
-    params = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+    # the search's options: what class_averages shares with the kNN transformer
+    params = shared_options(vars(args), InvariantKNeighborsTransformer, class_averages,
+                            skip=("image_shape", "n_neighbors"))
     k = 10 if args.n_neighbors is None else args.n_neighbors
     if k >= len(X):
         raise UsageError(f"--n-neighbors: expected at most {len(X) - 1} for {len(X)} images, "
@@ -130,9 +137,10 @@ def cluster_ctf_averages(args, progress, X, ctf, rotation_center, fit):
     t0 = time.perf_counter()
     flipped = phase_flip(X[:, 0], ctf)[:, None].astype(np.float32)
     est, _ = fit(args, progress, padded(flipped, rotation_center))
-    names = ["group", "max_rotation", "n_rotations", "max_translation", "refine", "reflection",
-             "batch_size"]
-    search = {k: v for k, v in est.get_params(deep=False).items() if k in names}
+    from .kneighbors import InvariantKNeighborsTransformer
+
+    search = shared_options(est.get_params(deep=False), InvariantKNeighborsTransformer,
+                            class_averages, skip=("image_shape", "n_neighbors", "device"))
     with progress.stage(f"CTF-corrected averages of {est.n_clusters_} classes"), \
             _warnings_as_lines():
         averages, tau = class_averages(X, labels=est.labels_, ctf=ctf, snr=args.snr,

@@ -80,15 +80,20 @@ def _warnings_as_lines(ignore=()):
             print(f"{PROG}: warning: {text}", file=sys.stderr)
 
 
-def load_input(path, labels=None, image_shape=None):
-    """Read the input of ``fit``, ``neighbors`` and ``class-averages``: ``(X, y, names)``.
+def shared_options(values, *accepting, skip=()):
+    """The entries of ``values`` (the parsed options, or a fitted estimator's ``get_params()``)
+    that every one of ``accepting`` takes (an estimator class: its ``get_params()``; a
+    function: its keywords) and that are given (not None), so that the defaults of the
+    estimator or function apply otherwise. ``skip``: names the command sets itself."""
+    import inspect
 
-    The readers live in :mod:`invariant_cluster.datasets` (``_files.load_input``); every
-    error is a ValueError or FileNotFoundError naming the file, reported as one line.
-    """
-    from .datasets._files import load_input as read
+    def names(target):
+        if isinstance(target, type):
+            return set(target().get_params(deep=False))
+        return set(inspect.signature(target).parameters)
 
-    return read(path, labels, image_shape)
+    keep = set.intersection(*(names(t) for t in accepting)) - set(skip)
+    return {k: v for k, v in dict(values).items() if k in keep and v is not None}
 
 
 def _check_out(path):

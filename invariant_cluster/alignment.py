@@ -19,7 +19,10 @@ Memory is bounded by blocks: keys are processed in chunks and queries in blocks 
 matrix stays under a byte budget (``batch_size`` fixes the number of queries per block).
 
 The engine lives in :mod:`invariant_cluster.search` (the block kernel, the searches, the
-refinement); this module is its public face, :func:`invariant_distances`.
+refinement). This module is a public layer over it, kept on purpose: it defines
+:func:`invariant_distances` and re-exports the names a user of the alignment search needs
+(``SearchGrid``, ``make_search_grid``, the grid limits), so that code written against the API
+page does not depend on how the engine is organised inside.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch
 
 from ._heap import reusing_heap
 from ._utils import check_images, resolve_device, to_tensor, torch_dtype_for
-from .search import (  # noqa: F401 - the engine's names, importable from here as before
+from .search import (  # noqa: F401 - this public layer's names
     GROUPS,
     SearchGrid,
     all_pairs,
@@ -46,7 +49,7 @@ from .search import (  # noqa: F401 - the engine's names, importable from here a
     translation_limit,
     warp_keys,
 )
-from .transforms import fast_warp  # noqa: F401 - the fast warp, importable from here as before
+from .transforms import fast_warp  # noqa: F401 - importable from this layer
 
 __all__ = ["invariant_distances", "SearchGrid", "make_search_grid", "rotation_limit",
            "translation_limit"]

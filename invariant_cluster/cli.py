@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
-from . import _cli_averages
+from . import _cli_averages, _cli_demo
 from ._cli_support import (
     PROG,
     UsageError,
@@ -52,13 +51,12 @@ from ._cli_support import (
     _nonnegative_float,
     _nonnegative_int,
     _positive_int,
-    _print_table,
     _save_figure,
     _version,
     _warnings_as_lines,
     _write_csv,
     _write_labels,
-    load_input,
+    shared_options,
 )
 from ._progress import StageBar
 
@@ -174,10 +172,9 @@ def _add_estimator_options(p):
 
 def _estimator_params(args, **fixed):
     """Only the options the user gave, so that the estimator's own defaults apply otherwise."""
-    names = ["n_clusters", "group", "max_rotation", "n_rotations", "max_translation",
-             "n_neighbors", "bandwidth", "update", "max_iter", "tol", "refine", "reflection",
-             "device", "batch_size", "noise_std"]
-    params = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+    from .cluster import InvariantAttentionClusterer
+
+    params = shared_options(vars(args), InvariantAttentionClusterer, skip=("image_shape",))
     params["random_state"] = args.seed
     # on a terminal the estimator's progress bars are on (stderr), unless --quiet
     params["verbose"] = max(args.verbose, int(not getattr(args, "quiet", False)
@@ -190,6 +187,8 @@ _FIT_FILES = ("labels.csv", "alignments.csv", "centers.npy", "centers.png", "met
 
 
 def _load(args, labels=None):
+    from .datasets._files import load_input
+
     X, y, names = load_input(args.input, labels, args.image_shape)
     if args.n_samples is not None:
         X = X[: args.n_samples]
@@ -291,15 +290,16 @@ _AVERAGES_FILES = ("class_averages.mrcs", "labels.csv", "class_averages.json")
 def _cmd_class_averages(args):
     import numpy as np
 
-    from .datasets._files import MRC_SUFFIXES
-    from .datasets._mrc import _mrcfile, _voxel_size, _write_mrcs
+    from .datasets import mrc_voxel_size, save_mrc
+    from .datasets._files import MRC_SUFFIXES, load_input
+    from .datasets._mrc import import_mrcfile
 
     one_step, den = _cli_averages.one_step_options(args)
     progress = StageBar(["load", "fit", "write"], args.quiet)
     ctf = est = None
     try:
         with progress.stage("loading"):
-            _mrcfile()  # without mrcfile, say so before the fit
+            import_mrcfile()  # without mrcfile, say so before the fit
             X, _, names = load_input(args.input, None, args.image_shape)
             n_stack = len(X)
             X = X[: args.n_samples]
@@ -308,7 +308,7 @@ def _cmd_class_averages(args):
                 raise UsageError(f"{args.input}: expected single-channel images for an MRC "
                                  f"stack, got {X.shape[1]} channels")
             path = Path(args.input)
-            voxel = _voxel_size(path) if path.suffix.lower() in MRC_SUFFIXES else None
+            voxel = mrc_voxel_size(path) if path.suffix.lower() in MRC_SUFFIXES else None
             centre = _cli_averages.resolve_rotation_center(args.rotation_center, path, args.star)
             if args.star is not None:
                 ctf, table, optics = _cli_averages.load_star(args.star, n_stack, len(X))
@@ -333,8 +333,8 @@ def _cmd_class_averages(args):
         method |= {"rotation_center": centre, "star": None if ctf is None else str(args.star)}
         with progress.stage("writing"):
             _clear(out, (*_AVERAGES_FILES, _cli_averages.STAR_OUT))
-            _write_mrcs(out / "class_averages.mrcs",
-                        averages.reshape(len(averages), *X.shape[2:]), voxel)
+            save_mrc(out / "class_averages.mrcs",
+                     averages.reshape(len(averages), *X.shape[2:]), voxel)
             if est is not None:
                 _write_labels(out, est.labels_, None, names)
             if ctf is not None:
@@ -414,119 +414,6 @@ examples:
 The invariant search covers +-(max-rotation + 15) degrees (up to 180), at about 5 degree
 steps unless --n-rotations says otherwise."""
 
-_DEMO_N_DIGITS = 1000  # 8 x 8 digits: about a minute on 2 shared CPU cores (measured)
-_DEMO_N_MNIST = 300   # 28 x 28 images cost about 12 times more per pair
-
-
-def _demo_data(args):
-    import numpy as np
-
-    from .datasets import load_digits_images, load_mnist, make_transformed
-
-    if args.data is None:
-        X, y = load_digits_images(return_X_y=True)
-        X = X.reshape(-1, 8, 8)
-        name = "scikit-learn digits (8x8)"
-        default_n = _DEMO_N_DIGITS
-    else:
-        try:
-            X, y = load_mnist(split="test", data_home=args.data, return_X_y=True)
-        except FileNotFoundError:
-            raise UsageError(
-                f"--data {args.data}: no MNIST test split there (t10k-images-idx3-ubyte[.gz] "
-                "and t10k-labels-idx1-ubyte[.gz], in that folder or its mnist/ subfolder)"
-            ) from None
-        X = X.reshape(-1, 28, 28)
-        name = "MNIST test split (28x28)"
-        default_n = _DEMO_N_MNIST
-    n = default_n if args.n_samples is None else args.n_samples
-    if n > len(X):
-        raise UsageError(f"--n-samples: expected at most {len(X)} for this data, got {n}")
-    if n < 20:
-        raise UsageError(f"--n-samples: expected at least 20 (10 digit classes), got {n}")
-    rng = np.random.default_rng(args.seed)
-    sel = np.sort(rng.choice(len(X), n, replace=False))
-    X, y = X[sel], y[sel]
-    Xr, _ = make_transformed(X, max_rotation=args.max_rotation, random_state=args.seed)
-    return Xr.astype(np.float32), y, name
-
-
-def _cmd_demo(args):
-    progress = StageBar(["data", "k-means", "kernel", "invariant", "write"], args.quiet)
-    search = min(180.0, args.max_rotation + 15.0)
-    n_rot = args.n_rotations or 2 * math.ceil(search / 5.0) + 1
-    rows = []
-    out = _check_out(args.out)
-    try:
-        with progress.stage("loading the data"):
-            X, y, name = _demo_data(args)
-        n = len(X)
-        print(f"{name}: {n} images rotated uniformly within +-{args.max_rotation:g} degrees "
-              f"(seed {args.seed})")
-        from sklearn.cluster import KMeans
-
-        from .cluster import InvariantAttentionClusterer
-        from .metrics import clustering_scores
-
-        with progress.stage("k-means"):
-            t0 = time.perf_counter()
-            labels = KMeans(10, n_init=10, random_state=args.seed).fit_predict(X.reshape(n, -1))
-            rows.append({"method": "k-means (pixels)", **clustering_scores(y, labels),
-                         "seconds": time.perf_counter() - t0})
-        from sklearn.exceptions import ConvergenceWarning
-
-        common = dict(n_clusters=10, random_state=args.seed, device=args.device,
-                      verbose=args.verbose)
-        if args.max_iter is not None:
-            common["max_iter"] = args.max_iter
-        kernel = InvariantAttentionClusterer(group="none", **common)
-        invariant = InvariantAttentionClusterer(group="rotation", max_rotation=search,
-                                                n_rotations=n_rot, **common)
-        for method, est, stage in (("kernel attention", kernel, "kernel attention"),
-                                   ("invariant attention", invariant, "invariant attention")):
-            # a --max-iter given on purpose may stop early; "did not converge" would only confuse
-            ignore = [ConvergenceWarning] if args.max_iter is not None else []
-            with progress.stage(stage), _warnings_as_lines(ignore=ignore):
-                t0 = time.perf_counter()
-                est.fit(X)
-                rows.append({"method": method, **clustering_scores(y, est.labels_),
-                             "seconds": time.perf_counter() - t0, "n_iter": int(est.n_iter_),
-                             "converged": bool(est.history_ and est.history_[-1] <= est.tol),
-                             "n_clusters": int(est.n_clusters_)})
-        with progress.stage("writing"):
-            import numpy as np
-
-            from .plotting import plot_invariant_means
-
-            _clear(out, ("invariant_means.png", "metrics.json"))
-            # "c3: mostly 7" — the cluster's index and its most common true digit, so that the
-            # caption is not read as the digit itself
-            majority = [int(np.bincount(y[invariant.labels_ == c], minlength=1).argmax())
-                        for c in range(invariant.n_clusters_)]
-            ax = plot_invariant_means(
-                invariant, title=f"invariant means: {n} digits rotated within "
-                                 f"±{args.max_rotation:g}°",
-                captions=[f"c{c}: mostly {d}" for c, d in enumerate(majority)])
-            _save_figure(ax, out / "invariant_means.png")
-            report = {
-                "data": name,
-                "n_samples": n,
-                "max_rotation": args.max_rotation,
-                "seed": args.seed,
-                "invariant_search": {"max_rotation": search, "n_rotations": n_rot},
-                "max_iter": invariant.max_iter,
-                "results": rows,
-                "environment": _environment(),
-            }
-            (out / "metrics.json").write_text(json.dumps(report, indent=2) + "\n")
-    finally:
-        progress.close()
-    print()
-    _print_table(rows)
-    print(f"\nwrote {out / 'invariant_means.png'} and {out / 'metrics.json'}")
-    return 0
-
-
 # ---------------------------------------------------------------------------------------------
 # parser and entry point
 # ---------------------------------------------------------------------------------------------
@@ -571,13 +458,11 @@ def _cmd_neighbors(args):
             raise UsageError(f"--n-neighbors: expected fewer than the {len(X)} images, got "
                              f"{args.n_neighbors}")
         out = _check_out(args.out)
-        names = ["group", "max_rotation", "n_rotations", "max_translation", "refine",
-                 "reflection", "neighbor_search", "n_candidates", "device", "batch_size"]
-        params = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
         with progress.stage(f"searching the neighbours of {len(X)} images"):
-            from .kneighbors import InvariantKNeighborsTransformer, _csr
+            from .kneighbors import InvariantKNeighborsTransformer, csr_graph
 
-            est = InvariantKNeighborsTransformer(n_neighbors=args.n_neighbors, **params)
+            est = InvariantKNeighborsTransformer(**shared_options(
+                vars(args), InvariantKNeighborsTransformer, skip=("image_shape",)))
             t0 = time.perf_counter()
             with _warnings_as_lines():
                 est.fit(X)
@@ -587,7 +472,7 @@ def _cmd_neighbors(args):
         _check_finite(distances=dist, alignments=tau)
         with progress.stage("writing"):
             _clear(out, _NEIGHBORS_FILES)
-            sparse.save_npz(out / "graph.npz", _csr(dist, ind, len(X)))
+            sparse.save_npz(out / "graph.npz", csr_graph(dist, ind, len(X)))
             np.save(out / "indices.npy", ind)
             np.save(out / "distances.npy", dist)
             np.save(out / "alignments.npy", tau)
@@ -630,14 +515,14 @@ def build_parser():
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True,
                            parser_class=_Parser)
 
-    d = _command(sub, "demo", _cmd_demo, "compare k-means, kernel and invariant attention on "
+    d = _command(sub, "demo", _cli_demo.run, "compare k-means, kernel and invariant attention on "
                  "rotated digits (offline)", _DEMO_DESCRIPTION, _DEMO_EPILOG)
     d.add_argument("--data", metavar="PATH",
                    help="folder holding the MNIST test split (t10k-*-ubyte[.gz]); default: "
                         "scikit-learn's bundled digits, no download")
     d.add_argument("--n-samples", type=_positive_int, metavar="N",
-                   help=f"images to cluster (default: {_DEMO_N_DIGITS} digits, "
-                        f"{_DEMO_N_MNIST} with --data)")
+                   help=f"images to cluster (default: {_cli_demo.N_DIGITS} digits, "
+                        f"{_cli_demo.N_MNIST} with --data)")
     d.add_argument("--max-rotation", type=_angle, default=45.0, metavar="DEG",
                    help="rotate each image by a random angle within +-DEG degrees (default: 45)")
     d.add_argument("--n-rotations", type=_positive_int, metavar="R",

@@ -37,7 +37,8 @@ from ._heap import reusing_heap
 from ._utils import resolve_device, to_tensor
 from .search import knn_search, make_search_plan, refine_pairs
 
-__all__ = ["InvariantKNeighborsTransformer", "invariant_kneighbors_graph", "symmetrize_graph"]
+__all__ = ["InvariantKNeighborsTransformer", "invariant_kneighbors_graph", "symmetrize_graph",
+           "csr_graph"]
 
 # The searches, their exact/shortlist threshold and the shortlist length (8 k here, twice the
 # clusterer's) are the engine's (invariant_cluster.search; the plan's purpose "graph").
@@ -48,8 +49,10 @@ __all__ = ["InvariantKNeighborsTransformer", "invariant_kneighbors_graph", "symm
 # the shortlisted search (benchmarks/bench_neighbors.py).
 
 
-def _csr(data, ind, n_fit):
-    """CSR graph with ``k`` entries per row, in the sparse interface scikit-learn is set to."""
+def csr_graph(data, ind, n_fit):
+    """The sparse ``(n_queries, n_fit)`` graph of a kNN search, ``k`` entries per row
+    (``data[i, j]`` at column ``ind[i, j]``), in the sparse interface scikit-learn is set to
+    (``csr_matrix``, or ``csr_array`` under ``sklearn.set_config(sparse_interface=...)``)."""
     n_q, k = ind.shape
     indptr = np.arange(0, n_q * k + 1, k)
     A = sparse.csr_array((np.ravel(data), np.ravel(ind), indptr), shape=(n_q, n_fit))
@@ -378,7 +381,7 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         check_is_fitted(self)
         dist, ind = self.kneighbors(X, n_neighbors, return_distance=True)
         data = np.ones(ind.size) if mode == "connectivity" else dist
-        return _csr(data, ind, self.n_samples_fit_)
+        return csr_graph(data, ind, self.n_samples_fit_)
 
     def transform(self, X):
         """The invariant neighbour graph of ``X`` among the fitted images.

@@ -20,13 +20,16 @@ The exact top-``k`` search (:func:`~invariant_cluster.alignment.grid_search` wit
 ``R S F / (U V d)`` times smaller than the exact search (~12 for 28 x 28 images and 17 angles,
 ~35 with +-2 px shifts).
 
-Memory is bounded by blocks sized from the available memory (:func:`memory_budget`,
-:func:`block_elements`); a request that cannot fit fails early with :func:`check_fits`'s
-message. The blocks of the exact search may run on a dask cluster (``client=``, see
-:mod:`invariant_cluster._dask`), with identical results.
+Memory is bounded by blocks sized from the available memory; a request that cannot fit fails
+early with :class:`InsufficientMemoryError`. The blocks of the exact search may run on a dask
+cluster (``client=``, see :mod:`invariant_cluster._dask`), with identical results.
 
-The engine lives in :mod:`invariant_cluster.search`; this module keeps its public names (and
-:func:`aligned_weighted_sum`, one attention step as Dask tasks).
+The engine lives in :mod:`invariant_cluster.search`. This module is a public layer over it,
+kept on purpose: it re-exports the neighbour searches under one documented name, so that code
+written against the API page does not depend on how the engine is organised inside, and defines
+:func:`aligned_weighted_sum` (one attention step as Dask tasks). The memory policy
+(``memory_budget``, ``block_elements``, ``check_fits``) stays importable from here but is
+internal (:mod:`invariant_cluster._memory`), not part of the documented API.
 """
 
 from __future__ import annotations
@@ -35,13 +38,13 @@ import torch
 
 from ._dask import blocked_map
 from ._heap import reusing_heap
-from ._memory import (  # noqa: F401 - re-exported: the memory policy is public here too
+from ._memory import (  # noqa: F401 - importable from here, internal
     InsufficientMemoryError,
     block_elements,
     check_fits,
     memory_budget,
 )
-from .search import (  # noqa: F401 - the engine's names, importable from here as before
+from .search import (  # noqa: F401 - this public layer's names
     approximate_shortlist,
     blocked_grid_search,
     candidate_search,
@@ -66,9 +69,6 @@ __all__ = [
     "blocked_grid_search",
     "aligned_weighted_sum",
     "default_n_candidates",
-    "memory_budget",
-    "check_fits",
-    "block_elements",
     "InsufficientMemoryError",
 ]
 

@@ -1,6 +1,6 @@
 """Datasets: the IDX reader, MNIST / Fashion-MNIST loaders and fetchers, an offline default
 (scikit-learn's digits), makers of randomly rotated and translated images, and MRC image
-stacks (:func:`load_mrc`).
+stacks (:func:`load_mrc`, :func:`save_mrc`).
 
 Where the data is looked for
 ----------------------------
@@ -53,7 +53,7 @@ from ._mnist import (
     load_fashion_mnist,
     load_mnist,
 )
-from ._mrc import load_mrc
+from ._mrc import load_mrc, mrc_voxel_size, save_mrc
 
 __all__ = [
     "CHECKSUMS",
@@ -65,6 +65,8 @@ __all__ = [
     "fetch_fashion_mnist",
     "load_digits_images",
     "load_mrc",
+    "save_mrc",
+    "mrc_voxel_size",
     "make_transformed",
     "make_transformed_copies",
 ]

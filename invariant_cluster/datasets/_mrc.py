@@ -15,7 +15,9 @@ _MRC_HINT = "pip install invariant_cluster[mrc] (or: pip install mrcfile)"
 _REAL_MODES = {0: "int8", 1: "int16", 2: "float32", 6: "uint16", 12: "float16"}
 
 
-def _mrcfile():
+def import_mrcfile():
+    """The ``mrcfile`` module; an ImportError that says how to install it when it is missing
+    (a command can call it first, to fail before a long run rather than at the end)."""
     try:
         import mrcfile
     except ImportError:
@@ -78,7 +80,7 @@ def load_mrc(path, *, return_voxel_size=False):
     (3, 16, 16)
     """
     path = _as_path(path, "path")
-    mrcfile = _mrcfile()
+    mrcfile = import_mrcfile()
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     try:
@@ -111,15 +113,25 @@ def load_mrc(path, *, return_voxel_size=False):
     return (images, voxel) if return_voxel_size else images
 
 
-def _write_mrcs(path, images, voxel_size=None):
-    """Write float32 images ``(n, H, W)`` as an MRC image stack (space group 0), replacing
-    ``path`` only once the whole file is written (a temporary file in the same folder, renamed).
+def save_mrc(path, images, voxel_size=None):
+    """Write images as an MRC image stack (space group 0), as :func:`load_mrc` reads it.
+
+    ``path`` is replaced only once the whole file is written (a temporary file in the same
+    folder, renamed), so a failed write leaves no half file.
+
+    Parameters
+    ----------
+    path : str or path-like
+    images : array-like of shape (n, H, W)
+        Written as float32.
+    voxel_size : float or tuple of 3 floats, optional
+        The header's voxel size in ångström (None: mrcfile's default).
     """
     import os
     import tempfile
     from pathlib import Path
 
-    mrcfile = _mrcfile()
+    mrcfile = import_mrcfile()
     path = Path(path)
     fd, tmp = tempfile.mkstemp(suffix=".mrcs", dir=path.parent)
     os.close(fd)
@@ -136,9 +148,10 @@ def _write_mrcs(path, images, voxel_size=None):
             os.remove(tmp)
 
 
-def _voxel_size(path):
-    """The header's voxel size ``(x, y, z)`` in ångström, read without the data."""
-    mrcfile = _mrcfile()
+def mrc_voxel_size(path):
+    """The header's voxel size ``(x, y, z)`` in ångström of an MRC file, read without the
+    data."""
+    mrcfile = import_mrcfile()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with mrcfile.open(path, mode="r", header_only=True) as mrc:
