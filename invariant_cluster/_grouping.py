@@ -16,6 +16,9 @@ Everything here works on a kNN graph given as ``(index, dist)`` arrays of shape 
   (:func:`separated_groups`, single linkage with a gap), else modularity's communities merged
   where the iteration collapsed them onto one mean (:func:`merge_by_modes`).
 - :func:`vote`: ``predict``'s majority among the nearest fitted samples.
+
+Each rule's measurements: the user guide's convergence page, "The grouping's rules, and how
+they were chosen" (``docs/user_guide/convergence.rst``), and ``benchmarks/bench_noise.py``.
 """
 
 from __future__ import annotations
@@ -32,9 +35,7 @@ from ._graph import graph_modes  # noqa: F401 - importable from here, as the doc
 from ._third_party import import_quietly
 from ._weights import calibrate_bandwidth
 
-# HDBSCAN's density is the distance to the 2nd nearest embedded point: its default (the minimum
-# cluster size) merged two groups of 3 copies in 15 samples; 1 and 2 gave the same partitions on
-# the four copy sets tried ((5, 3), (5, 6), (10, 20), (3, 60)) and on 2,000 rotated MNIST digits.
+# HDBSCAN's min_samples: its default merged small groups of copies (the user guide's rules)
 _MIN_SAMPLES = 2
 
 
@@ -44,9 +45,8 @@ def two_hop_candidates(index: torch.Tensor, rows=None) -> torch.Tensor:
 
     ``w <= k + k^2`` is the largest number of distinct keys of a row: shorter rows are padded
     with the query's own index (searches leave it out with ``exclude``), so every row has the
-    same width and no key twice apart from the query itself. (Padding to ``k + k^2`` instead
-    computed 240 slots for 116 distinct keys a row, at most 203, on the 70,000 Fashion-MNIST
-    means: the pad is searched like any key.)
+    same width and no key twice apart from the query itself (the pad is searched like any key,
+    so it is kept to the widest row, not ``k + k^2``).
     """
     k = index.shape[1]
     if rows is None:
@@ -105,13 +105,9 @@ def _cluster_embedding(emb, n_clusters, random_state):
 def _positive(dist: np.ndarray) -> np.ndarray:
     """The kNN distances with zeros raised to a tiny positive value.
 
-    Maintenance note: umap-learn's calibration takes ``rho_i`` as the first POSITIVE distance, so
-    for a sample with exact copies (invariant distance 0) ``rho_i`` is the distance to the
-    nearest sample that is not a copy, and that sample, of another shape, gets the full weight
-    1: exact copies of two shapes fell into one cluster, the partition depending on the order
-    of the samples. With zeros raised to ``1e-6`` of the smallest positive
-    distance, ``rho_i`` is the distance to the copies, as for any other nearest neighbour; the
-    copies keep weight 1 and the other shapes are weighed against them.
+    umap-learn's calibration takes ``rho_i`` as the first positive distance, which would give a
+    sample's exact copies no say and the nearest other shape the full weight; with zeros raised
+    to ``1e-6`` of the smallest positive distance, ``rho_i`` is the distance to the copies.
     """
     dist = np.asarray(dist, dtype=np.float64)
     pos = dist[(dist > 0) & np.isfinite(dist)]
@@ -158,8 +154,7 @@ def fuzzy_graph(index: np.ndarray, dist: np.ndarray, random_state=0, calibration
 
     ``calibration="capped"``: ``(rho_i, sigma_i)`` from :func:`calibrate_bandwidth`, the
     attention's own calibration, whose cap keeps a group smaller than the neighbourhood from
-    borrowing weight from other groups (5 groups of 3 copies: Leiden found 3 clusters on
-    umap-learn's graph, 5 on this one). "umap": umap-learn's calibration
+    borrowing weight from other groups. "umap": umap-learn's calibration
     (:func:`umap_bandwidth`), the graph of its ``fuzzy_simplicial_set``.
     """
     n, k = index.shape
@@ -241,46 +236,17 @@ def umap_bandwidth(dst: np.ndarray):
     return rho, sigma
 
 
-# Maintenance note (RESOLUTION_SEARCH_NOTE): the resolution giving ``n_clusters`` parts is
-# searched by secant steps on log(count) against log(resolution), kept inside the bracket once
-# there is one. Leiden runs on the whole graph only until a probe has too many parts; the
-# probes below that resolution run on that probe's aggregate graph (one node per community,
-# leidenalg's ``aggregate_partition``, whose quality is the partition's), so they only merge
-# communities, in milliseconds. On the 70,000 Fashion-MNIST images the earlier geometric
-# bisection ran Leiden 7 times on the whole graph, 20 s each: 145 of the 280 s of the grouping
-# stage. On the 20,000-image graph, probes at resolutions 0.5/0.4/0.3/0.2 on the aggregate of
-# resolution 1 took 0.07-0.15 s against 3-4 s on the whole graph, with 12/12/8/7 parts against
-# 11/11/7/7, the same quality (within 0.4%) and NMI with the classes 0.640/0.651/0.687/0.694
-# against 0.653/0.647/0.693/0.680.
+# Secant search of the resolution, the probes below a finer partition on its aggregate graph
+# (milliseconds each instead of seconds on the whole graph).
 _RESOLUTION_RANGE = (1e-4, 1e4)
 
-# Maintenance note (MIN_PART_NOTE): with ``n_clusters`` given, a community holding fewer than
-# this fraction of the mean cluster size ``n / n_clusters`` is not one of the clusters: the
-# resolution search does not count it, and it then joins the counted community it is most
-# strongly joined to (:func:`_absorb_small_parts`). On all 70,000 Fashion-MNIST images the
-# samples' fuzzy graph holds near-copies in pairs (and one triple) whose mutual distance is a
-# fraction of the next one; the capped calibration cuts them off (edge weights about 1e-22), and
-# modularity keeps such a pair apart at every resolution. The count reached 10 with six of
-# them: parts of 35,579, 21,013, 6,702, 6,693, 3, 2, 2, 2, 2 and 2 images, ACC 0.387 (NMI
-# 0.620) on every Leiden seed. Not counting them: ACC 0.629, NMI 0.676 (5 seeds), smallest part
-# 2,665 images; the same with a floor of 16, 70 or 350 images instead of 140. The floor is 4
-# images at 2,000 images and 10 clusters (pairs and triples of near-copies are not clusters);
-# groups of equal sizes (the Figure-2 sets) are never under it.
+# With n_clusters, a community under this fraction of n / n_clusters (pairs of near-copies)
+# is not a cluster: it is not counted, and joins its most strongly joined counted community.
 _MIN_PART_FRACTION = 0.02
 
 
-# Maintenance note (IGRAPH_LEIDEN_NOTE): the runs of Leiden on the whole graph are igraph's own
-# (``Graph.community_leiden``, C, modularity with a resolution: the same objective as
-# leidenalg's RBConfigurationVertexPartition, whose quality is 2m times igraph's), 2
-# iterations, seeded through a private ``random.Random``. On the union graph of the 70,000
-# Fashion-MNIST images (2.5 million weighted entries) a run took 1.4-1.5 s against 15 s for
-# leidenalg's optimiser, with the same 22 communities at resolution 1 and a higher quality
-# (684,381 / 683,964 against 682,079 / 681,649, seeds 0 / 1). leidenalg still merges
-# communities on aggregate graphs (milliseconds, see RESOLUTION_SEARCH_NOTE). With
-# ``n_clusters=None`` the count is that of modularity at resolution 1, and there igraph's better
-# optimum has more communities: 12 and 11 on 10,000 clean rotated MNIST digits (seeds 0 and 1)
-# against leidenalg's 10 and 11, the count merge_by_modes was measured with; that path keeps
-# leidenalg's optimiser.
+# Leiden on the whole graph is igraph's (about 10 times faster than leidenalg's optimiser, the
+# same objective), except for n_clusters=None, whose count was measured with leidenalg's.
 _IGRAPH_ITERATIONS = 2
 
 
@@ -306,12 +272,11 @@ def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
     """Leiden (RB configuration model) on a weighted sparse graph.
 
     ``n_clusters=None``: resolution 1 (modularity), leidenalg's optimiser. An int: the
-    resolution is searched (from 1, secant steps in log-log, see ``RESOLUTION_SEARCH_NOTE``;
-    igraph's Leiden on the whole graph, see ``IGRAPH_LEIDEN_NOTE``) until the partition has
-    ``n_clusters`` parts; if none is found, the partition with the closest count not above
-    ``n_clusters``. Communities under ``_MIN_PART_FRACTION`` of ``n / n_clusters`` nodes are not
-    counted and join the counted community they are most strongly joined to (see
-    ``MIN_PART_NOTE``).
+    resolution is searched (from 1, secant steps in log-log; igraph's Leiden on the whole
+    graph) until the partition has ``n_clusters`` parts; if none is found, the partition with
+    the closest count not above ``n_clusters``. Communities under ``_MIN_PART_FRACTION`` of
+    ``n / n_clusters`` nodes are not counted and join the counted community they are most
+    strongly joined to.
     """
     import igraph as ig
     import leidenalg as la
@@ -324,12 +289,11 @@ def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
     optimiser.set_rng_seed(int(random_state))
 
     def run(resolution, finer=None):
-        """Leiden at ``resolution``: on the whole graph (igraph's, see ``IGRAPH_LEIDEN_NOTE``),
-        or merging the communities of the partition ``finer`` (leidenalg on its aggregate
-        graph). Returns ``(labels, partition)``."""
+        """Leiden at ``resolution``: on the whole graph (igraph's), or merging the communities
+        of the partition ``finer`` (leidenalg on its aggregate graph). Returns
+        ``(labels, partition)``."""
         if finer is None and n_clusters is None:
-            # the count is modularity's: leidenalg's optimiser, as merge_by_modes was measured
-            # with (see IGRAPH_LEIDEN_NOTE)
+            # the count is modularity's: leidenalg's optimiser, as merge_by_modes was measured with
             part = la.RBConfigurationVertexPartition(net, weights="weight",
                                                      resolution_parameter=resolution)
             optimiser.optimise_partition(part, n_iterations=2)
@@ -469,49 +433,15 @@ def embed_fuzzy_graph(graph, random_state, n_components: int = 10) -> np.ndarray
     return emb
 
 
-# Maintenance note: the union of the samples' and the means' graphs is grouped when the means'
-# graph shares fewer than this fraction of its edges with the samples' graph, that is when the
-# iteration replaced most of each sample's neighbours. Measured on 2,000 MNIST digits rotated
-# within +-45 degrees (seed 0; benchmarks/bench_noise.py): the shared fraction is 0.57 clean,
-# 0.51 with noise sigma 0.3, 0.41 at 0.5 and 0.34 at 0.8. Leiden on the union, against Leiden on
-# the samples' graph: 0.904 / 0.916 clean, 0.893 / 0.889 at 0.3, 0.751 / 0.754 at 0.5,
-# 0.569 / 0.513 at 0.8 (over 3 seeds with the first iteration: 0.898 / 0.921 clean, 0.766 /
-# 0.745 at 0.5, 0.575 / 0.478 at 0.8).
-#
-# The fraction falls as n grows on the same kind of data, and 0.5 (the first threshold) sat
-# too close to the clean and lightly noisy sets at larger n. Every measured set, fraction ->
-# the better graph (ACC of Leiden on the samples' graph / on the union):
-# - 0.57 clean, 2,000 (3 seeds): samples (0.921 / 0.892);
-# - 0.545 clean, 10,000: samples;
-# - 0.52-0.53 Fashion-MNIST, 10,000 (4 subsets): level (0.627 / 0.633, NMI 0.649 / 0.645);
-# - 0.51 sigma 0.3, 2,000 (3 seeds): samples (0.876 / 0.851);
-# - 0.479 Fashion-MNIST, all 70,000 (5 Leiden seeds, with MIN_PART_NOTE): level (0.629 /
-#   0.630, NMI 0.676 / 0.668), and the union's means' search costs 25 s of a 100 s fit;
-# - 0.46 sigma 0.3, 10,000 (3 seeds): samples (0.924 / 0.916);
-# - 0.41 sigma 0.5, 2,000 (7 seeds): level or union (0.744 / 0.748);
-# - 0.38 sigma 0.5, 10,000 (6 seeds): union (0.793 / 0.823);
-# - 0.33-0.35 sigma 0.8, both sizes: union (+0.05 to +0.11).
-# 0.44 is midway between 0.417 (the highest fraction where the union was level or ahead) and
-# 0.461 (the lowest where the samples' graph was ahead).
+# "auto" groups the union of the two graphs when the means' graph shares fewer than this
+# fraction of its edges with the samples' graph (the iteration replaced most neighbours).
 _UNION_BELOW = 0.44
 
-# "auto" decides on this many rows at most (a seeded random subset beyond): the shared fraction
-# is a mean over rows (spread about 0.2 a row), so 2,000 rows fix it to about +-0.005, while the
-# two-hop search of all 70,000 Fashion-MNIST images took most of a 280 s grouping stage. On the
-# converged means of those images: 0.4795 / 0.4788 with 4,000 rows (two seeds of the subset),
-# 0.4785 / 0.4769 with 2,000, 0.4742 / 0.4748 with 1,000.
+# "auto" decides on this many rows at most (a seeded subset beyond): enough for +-0.005.
 DECIDE_ROWS = 2000
 
-# Maintenance note (UNION_SEARCH_NOTE): in the union the means' graph is searched again among
-# all means (the estimator's kNN search run on the converged means), not within two hops of the
-# samples' graph, and takes umap-learn's calibration. Leiden on the union, 2,000 MNIST digits
-# rotated within +-45 degrees, seeds 0/1/2: at noise sigma 0.5 0.767/0.773/0.763 against
-# 0.751/0.736/0.771 with the two-hop graph and the capped calibration (the earlier default),
-# 0.743/0.721/0.722 with the full search and the capped calibration, 0.754/0.745/0.734 for
-# Leiden on the samples' graph alone; at 0.8 0.600/0.617/0.575 against 0.569/0.571/0.554
-# (benchmarks/bench_noise.py keeps both unions as rows). It costs one more kNN search, only
-# where "auto" chose the union.
-
+# In the union the means' graph is searched again among all means, with umap-learn's
+# calibration: one more kNN search, only where "auto" chose the union.
 
 def shared_edges(index: np.ndarray, index_means: np.ndarray) -> float:
     """Fraction of the means' kNN edges that are also edges of the samples' kNN graph.
@@ -598,8 +528,7 @@ def spectral_labels(graph, n_clusters: int, random_state) -> np.ndarray:
 
 def _means_graph(index_means, dist_means, random_state):
     """The means' fuzzy graph. It takes umap-learn's calibration: the capped one cuts the
-    denoised means into islands (alone, Leiden on it: ACC 0.58-0.68 against 0.82-0.88 on clean
-    rotated MNIST; in the union see UNION_SEARCH_NOTE)."""
+    denoised means into islands."""
     return fuzzy_graph(index_means, dist_means, random_state, "umap")
 
 
@@ -618,19 +547,11 @@ def _union_graph(index, dist, index_means, dist_means, graph, random_state, mean
 def merge_by_modes(labels: np.ndarray, modes) -> np.ndarray:
     """``labels`` merged along ``modes`` when the modes are a strict coarsening of them.
 
-    Maintenance note: with ``n_clusters=None`` the count comes from Leiden at resolution 1
-    (modularity): 10 clusters on 2,000 MNIST digits rotated within +-45 degrees on each of 3
-    seeds (ACC 0.917-0.928), where HDBSCAN on umap-learn's layout found 9, 6 and 12. But
-    modularity split the README's quick start (12 rotated copies of each of five 8 x 8 digits)
-    into 9 parts: rotating 8 x 8 images is lossy, the copies are far apart and the weights fall
-    off inside a group. The iteration itself collapsed each group onto one mean, so communities
-    are merged where the means say they are one: ``modes`` is the meet of the converged means'
-    modes (:func:`graph_modes`, edges within ``rho_i + sigma_i``) and of Leiden's communities
-    on the means' own graph (umap-learn's calibration). Either alone merged real groups on
-    the test suite's Figure-2 sets (the modes joined groups of 3 copies: ARI 0.40; the means'
-    communities two groups of 6: ARI 0.76); their meet merges only the quick start's pieces.
-    The merge happens only when every community lies inside one mode and there are at least
-    two modes; on MNIST the means chain into one mode and the communities stand.
+    With ``n_clusters=None`` modularity at resolution 1 splits groups whose copies are far
+    apart (lossy rotations of small images), while the iteration collapsed each group onto one
+    mean: communities are merged where the means say they are one (the meet of the means'
+    modes and of their graph's communities), and only when every community lies inside one
+    mode and there are at least two modes.
     """
     if modes is None:
         return labels
@@ -644,14 +565,10 @@ def merge_by_modes(labels: np.ndarray, modes) -> np.ndarray:
     return np.unique(modes, return_inverse=True)[1].astype(np.int64)
 
 
-# The count of separated groups (n_clusters=None). A partition of the samples' kNN graph into
-# groups of at least SEPARATED_MIN_SIZE distinct images is "separated" when the shortest edge
-# between two groups is at least SEPARATED_MIN_GAP times the longest edge of the single-linkage
-# tree that holds any group together (a single-linkage Dunn index). Copies of a few shapes give
-# such partitions; natural classes chain into each other and give none (the best ratio on
-# 2,000 MNIST digits rotated within +-45 degrees is 1.001-1.002, seeds 0-2). The 1.25 sits
-# between those and the ratios of the true partitions of bench_count.py's 150 copy sets (median
-# 3.0, 125 of them at 1.4 or more, 9 under 1). Images of tiny parts (at most
+# The count of separated groups (n_clusters=None): groups of at least SEPARATED_MIN_SIZE
+# distinct images whose shortest edge between groups is at least SEPARATED_MIN_GAP times the
+# longest edge that holds a group together (a single-linkage Dunn index); copies of a few
+# shapes give such partitions, natural classes do not. Images of tiny parts (at most
 # SEPARATED_MAX_OUTLIERS of all) join the group they meet first.
 SEPARATED_MIN_GAP = 1.25
 SEPARATED_MIN_SIZE = 3

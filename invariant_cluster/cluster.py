@@ -197,10 +197,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         (:func:`~invariant_cluster.denoise.estimate_noise_std`; 0 on clean images with a flat
         background, and the filter is then the identity); a float: the known standard
         deviation (0: no filter). The search, the iteration, the means, the centres,
-        ``predict`` and ``transform`` all see the filtered images. On 2,000 MNIST digits rotated
-        within +-45 degrees with noise of sigma 0.5, it lifts the purity of the kNN graph from
-        0.63 to 0.72 (``benchmarks/bench_noise.py``; ``NOISE_NOTE`` in
-        :mod:`invariant_cluster.denoise`).
+        ``predict`` and ``transform`` all see the filtered images. On noisy images it makes
+        the kNN graph purer (the user guide's convergence page; ``benchmarks/bench_noise.py``).
     reflection : bool, default=False
         Also search the mirror images (the group E(2) = SE(2) x {identity, mirror}; the
         mirror is a horizontal flip about the image centre, before the rotation, see

@@ -273,30 +273,10 @@ NOISE_SUBSET = 10_000
 # images filtered per block (their spectra are complex: 2 x the images' bytes)
 _FILTER_BLOCK = 4096
 
-NOISE_NOTE = """Why a filter, and why the square root of Wiener's gain (measured by bench_noise.py).
+# Why a filter before the search, why the square root of Wiener's gain, and how the noise is
+# measured, with the measurements: docs/user_guide/convergence.rst ("Noise: the filter before
+# the search"), benchmarks/bench_noise.py and benchmarks/results/noise_filter_*.json.
 
-On noisy images the invariant distance is dominated by the noise in the frequencies where the
-images have no signal: two digits of one class with white noise of standard deviation 0.5 are
-nearer to a digit of another class than to each other in 36% of the 15 nearest neighbours (2,000
-MNIST digits rotated within +-45 degrees; the kNN graph's purity is 0.63). Damping each spatial
-frequency by what share of its power is signal lifts that purity to 0.72.
-
-The gain is ``g(f) = (max(P(f) - N, 0) / P(f)) ** power``, with ``P(f)`` the images' power
-spectrum averaged over the circle of radius ``|f|`` (so the filter is isotropic and commutes with
-rotations and shifts) and ``N = sigma^2 H W`` the power of white noise of standard deviation
-``sigma``. ``power=1`` is Wiener's filter, which minimises the error of each denoised image;
-``power=0.5`` weighs each frequency's share of a SQUARED distance ``||g (x - y)||^2`` by
-``S / (S + N)``, its signal's fraction, which is what a distance between two noisy images needs.
-Measured on the 2,000 digits above (seeds 0-2, purity of the samples' kNN graph at sigma 0.5 /
-0.8): no filter 0.63 / 0.36, power 1 0.71 / 0.47, 0.75 0.72 / 0.50, 0.5 0.72 / 0.51, 0.25
-0.71 / 0.51, a Gaussian blur of 1 pixel 0.71 / 0.51.
-
-The noise is measured by :func:`estimate_noise_std`: the smaller of Donoho and Johnstone's
-median absolute deviation of the diagonal Haar detail of every 2 x 2 block (0.306, 0.505, 0.805
-for noise of 0.3, 0.5, 0.8 on those digits) and the power of the quietest band of the highest
-frequencies (the Haar detail alone reads the edges of 8 x 8 images as noise). Images whose
-background is flat measure 0 (clean MNIST digits: exactly 0, and the filter is then the
-identity) or nearly 0 (Fashion-MNIST: 0.006, a change of 0.04% of the images' norm)."""
 
 
 def _check_image_tensor(Xt, name: str) -> None:
@@ -536,7 +516,7 @@ class RadialWiener(ImageInputMixin, OneToOneFeatureMixin, TransformerMixin, Base
     power : float, default=0.5
         1 is Wiener's filter (the least squared error of each image); 0.5, the default, weighs
         each frequency's part of a squared distance between two images by its signal's share
-        (see ``NOISE_NOTE`` in this module, with the measurements).
+        (the user guide's convergence page gives the measurements).
     image_shape : tuple, optional
         ``(H, W)`` or ``(C, H, W)`` of flat input rows (None: square single-channel images).
 
