@@ -146,17 +146,10 @@ def attend_means(M, idx, P, bandwidth, batch_size=None, counts=None):
     """One step of invariant attention among the converged means: ``m_i <- sum_j w_ij T_ij m_j``
     over the same neighbourhoods, the bandwidth recalibrated on the means' own distances.
 
-    Maintenance note: the fixed-key iteration weighs noisy samples with ``rho_i``, ``sigma_i``
-    calibrated on noisy-to-noisy distances. Once a mean is denoised its distance to every noisy
-    neighbour falls below ``rho_i`` and every weight is 1: on 2,000 MNIST digits with noise
-    sigma 0.5 the fixed point is the one-step aligned average to 1e-4 (16 effective keys of 16,
-    corr. with the clean digit 0.834 for both). A sharper kernel on the noisy keys does worse
-    (a recalibrated one: 0.73; with 8 effective keys, the noise left outweighs the purer
-    neighbours), because a noisy key is a mode of its own for any kernel narrower than the
-    noise. Between denoised means the distances tell near from far (80% of the weight on digits
-    of the same class, against 65%), so the means attend to each other once with
-    ``(rho_i, sigma_i)`` recalibrated on ``||m_i - T_ij m_j||``: corr. 0.853, and the means'
-    graph purer (0.771 against 0.762). A second step blurs (0.836): one step, by design.
+    Once a mean is denoised, every noisy neighbour is nearer than ``rho_i`` and the fixed-key
+    weights are all 1; between denoised means the distances tell near from far, so the means
+    attend to each other once (a second step blurs). Measurements: the user guide's
+    convergence page, "What the estimator does".
 
     Returns ``(means, weights (n, k + 1))``.
     """

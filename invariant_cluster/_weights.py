@@ -12,11 +12,9 @@ import torch
 
 __all__ = ["calibrate_bandwidth", "attention_weights"]
 
-# Maintenance note: the calibrated scale sigma_i is capped at this fraction of rho_i (the
-# distance to the nearest other sample). UMAP's calibration spreads log2(k + 1) of weight over
-# the k neighbours whatever the data; when a cluster has fewer than about log2(k + 1) members
-# the rest would come from other clusters. The cap keeps far neighbours (d >> rho_i) at a
-# negligible weight; on MNIST it binds for few samples (median sigma_i / rho_i is about 0.12).
+# sigma_i is capped at this fraction of rho_i (the distance to the nearest other sample), so
+# that a cluster smaller than the neighbourhood does not borrow weight from other clusters
+# (docs/user_guide/convergence.rst, "What the estimator does").
 _SIGMA_CAP = 0.25
 
 
