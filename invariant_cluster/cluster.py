@@ -569,8 +569,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                     idx_m = dist_m = None  # a subset's graph decided; it is not grouped
             if graph == "both":
                 # the union's means' graph is searched again among ALL means: the denoised
-                # means find neighbours the noisy samples' graph never offered (see
-                # _grouping.UNION_SEARCH_NOTE)
+                # means find neighbours the noisy samples' graph never offered (the user
+                # guide's convergence page, "The grouping's rules")
                 Dm, idx_mt = _search_means(
                     M, grid, k, self._plan(M.shape[0], grid, k, M.device, purpose="means"),
                     batch_size=self.batch_size, client=self.client)
