@@ -220,7 +220,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
     search_plan_ : SearchPlan
         How the kNN graph of the distinct images was searched (exact or shortlist, the
         shortlist blocked on the device or by faiss, its length, the device), decided from
-        the sizes and the device by :func:`~invariant_cluster.search.make_search_plan`.
+        the sizes and the device by :func:`~invariant_cluster.neighbors.make_search_plan`.
     cluster_centers_ : ndarray of shape (n_clusters_, n_features)
         Each cluster's invariant mean of its samples.
     n_clusters_ : int

@@ -161,7 +161,7 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         Number of fitted images (the number of columns of the graph).
     search_plan_ : SearchPlan
         How the graph of the fitted images (``kneighbors()``, ``fit_transform``) is searched,
-        from the sizes and the device (:func:`~invariant_cluster.search.make_search_plan`);
+        from the sizes and the device (:func:`~invariant_cluster.neighbors.make_search_plan`);
         queries given to ``transform`` get the plan of their own size.
     image_shape_ : tuple (C, H, W)
         How rows are folded into images.

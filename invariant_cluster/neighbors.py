@@ -55,7 +55,11 @@ from .search import (  # noqa: F401 - this public layer's names
     steerable_descriptors,
 )
 from .search.grid import check_int
-from .search.plan import default_n_candidates  # noqa: F401 - re-exported
+from .search.plan import (  # noqa: F401 - this public layer's names
+    SearchPlan,
+    default_n_candidates,
+    make_search_plan,
+)
 from .transforms import fast_warp
 
 __all__ = [
@@ -69,6 +73,8 @@ __all__ = [
     "blocked_grid_search",
     "aligned_weighted_sum",
     "default_n_candidates",
+    "make_search_plan",
+    "SearchPlan",
     "InsufficientMemoryError",
 ]
 
