@@ -49,9 +49,24 @@ def test_umap_grouping_leaves_umap_and_pynndescent_unpatched():
 
     before = snapshot()
     rng = np.random.default_rng(0)
-    X = np.repeat(rng.random((4, 64)), 10, axis=0) + 0.01 * rng.random((40, 64))
+    X = np.repeat(rng.random((4, 64)), 25, axis=0) + 0.2 * rng.random((100, 64))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         InvariantAttentionClusterer(4, group="translation", grouping="umap",
                                     random_state=0).fit(X)
     assert snapshot() == before
+
+
+def test_umap_grouping_without_umap_learn_names_the_extra(monkeypatch):
+    """Without umap-learn (an optional extra), ``grouping="umap"`` fails with an ImportError
+    that says how to install it; the default grouping does not need it."""
+    from invariant_cluster import InvariantAttentionClusterer
+
+    monkeypatch.setitem(sys.modules, "umap", None)  # "import umap" raises ImportError
+    rng = np.random.default_rng(1)
+    X = np.repeat(rng.random((3, 36)), 30, axis=0) + 0.2 * rng.random((90, 36))
+    with pytest.raises(ImportError, match=r"invariant_cluster\[umap\]"):
+        InvariantAttentionClusterer(3, group="translation", grouping="umap",
+                                    random_state=0).fit(X)
+    est = InvariantAttentionClusterer(3, group="translation", random_state=0).fit(X)
+    assert len(set(est.labels_)) == 3
