@@ -558,13 +558,19 @@ def _headline_fashion(r):
             "the-invariant-knn-graph")
 
 
-def _headline_cryoem_ctf(r):
+def _cryoem_ctf_at_snr1(r, peer):
+    """Our class averages' row and the ASPIRE ``peer``'s row at SNR 1 with a CTF."""
     rows = r["rows"]
     m = "ours: class_averages(72 angles, mirrors, DihedralPCA(40, output_size=24), "
     ours = _row(rows, snr=1.0, ctf=True,
                 method=m + "rotation_center='fourier', ctf, snr='auto'), k=10")
-    cov = next(x for x in rows if x["snr"] == 1.0 and x["ctf"]
-               and x["method"].startswith("ASPIRE DenoiserCov2D"))
+    theirs = next(x for x in rows if x["snr"] == 1.0 and x["ctf"]
+                  and x["method"].startswith(peer))
+    return ours, theirs
+
+
+def _headline_cryoem_ctf(r):
+    ours, cov = _cryoem_ctf_at_snr1(r, "ASPIRE DenoiserCov2D")
     return (f"Cryo-EM: {r['n']:,} simulated {r['L']} x {r['L']} projections with a CTF, SNR 1",
             "detail correlation of the averages with the projections without CTF (seconds)",
             f"{ours['corr_detail']:.3f} ({ours['seconds']:.0f} s)",
@@ -573,12 +579,7 @@ def _headline_cryoem_ctf(r):
 
 
 def _headline_cryoem_ctf_neighbours(r):
-    rows = r["rows"]
-    m = "ours: class_averages(72 angles, mirrors, DihedralPCA(40, output_size=24), "
-    ours = _row(rows, snr=1.0, ctf=True,
-                method=m + "rotation_center='fourier', ctf, snr='auto'), k=10")
-    rir = next(x for x in rows if x["snr"] == 1.0 and x["ctf"]
-               and x["method"].startswith("ASPIRE RIRClass2D"))
+    ours, rir = _cryoem_ctf_at_snr1(r, "ASPIRE RIRClass2D")
     return ("The same: each image's 10 nearest neighbours",
             "share within 10° of the view (seconds)",
             f"{ours['nbr10']:.3f} ({ours['seconds']:.0f} s, with the averages)",
