@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _search import count_calls
 
 from invariant_cluster import InvariantAttentionClusterer, InvariantKNeighborsTransformer
 from invariant_cluster.search import knn_search, make_search_grid
@@ -92,14 +93,7 @@ def test_a_cuda_plan_keeps_the_shortlist_off_faiss(monkeypatch):
     lowered so that a small set crosses them)."""
     import invariant_cluster.search.approximate as approximate
 
-    calls = []
-    real = approximate.approximate_shortlist
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(approximate, "approximate_shortlist", spy)
+    calls = count_calls(monkeypatch, approximate, "approximate_shortlist")
     monkeypatch.setitem(plan_module.FAISS_MIN_KEYS, "cpu", 100)
     X = _images(300, seed=1)
     grid = make_search_grid("se2", 30.0, 5, 1, refine=False)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _search import assert_shortlist_contract, count_calls
+from _search import recall as _recall
 
 from invariant_cluster import InvariantAttentionClusterer
 from invariant_cluster.datasets import make_transformed
@@ -28,23 +30,12 @@ def _copies(smooth_images, n_protos, n_copies, size, seed):
     return torch.as_tensor(X.astype(np.float32))[:, None]
 
 
-def _recall(true_idx, found_idx):
-    return float((found_idx[:, :, None] == true_idx[:, None, :]).any(1).double().mean())
-
-
 @pytest.mark.parametrize("n_protos, n_copies, size", [(30, 10, 20), (24, 17, 24)])
 def test_default_search_beyond_threshold_is_approximate_and_recalls_exact_top_k(
         smooth_images, monkeypatch, n_protos, n_copies, size):
     # the threshold patched low, so that the approximate path runs on a small set
     monkeypatch.setitem(plan_module.FAISS_MIN_KEYS, "cpu", 100)
-    calls = []
-    real = approx_module.approximate_shortlist
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(approx_module, "approximate_shortlist", spy)
+    calls = count_calls(monkeypatch, approx_module, "approximate_shortlist")
     X = _copies(smooth_images, n_protos, n_copies, size, seed=n_protos)
     n = X.shape[0]
     grid = make_search_grid("se2", 30.0, 9, 1, refine=False)
@@ -100,10 +91,7 @@ def test_approximate_shortlist_contract_and_agreement_with_the_exact_shortlist()
     Xd, Yd, own = _random_descriptors(seed=3, n=n, copies=(4, 3), d=16)
     exact = shortlist(Xd, Yd, m, exclude=own)
     cand = approximate_shortlist(Xd, Yd, m, exclude=own)
-    assert cand.shape == (n, m) and cand.dtype == torch.long
-    srt = cand.sort(1).values
-    assert not bool((srt[:, 1:] == srt[:, :-1]).any()), "a key listed twice"
-    assert not bool((cand == own[:, None]).any()), "the excluded key was listed"
+    assert_shortlist_contract(cand, n, m, own)
     assert _recall(exact[:, :10], cand) >= 0.9
 
 
