@@ -245,34 +245,31 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         self : object
         """
         X2 = self._validate(X, reset=True)
-        self._grid(self.refine)  # validates the search parameters now rather than at transform
-        resolve_device(self.device)
+        grid = self._grid(self.refine)  # validates the search parameters now, not at transform
+        dev = resolve_device(self.device)
         self._fit_X = np.array(X2, copy=True)
         self.n_samples_fit_ = int(X2.shape[0])
         self._n_features_out = self.n_samples_fit_
         # the plan of the graph of the fitted images (kneighbors(), fit_transform)
-        n = self.n_samples_fit_
-        self.search_plan_ = self._plan(n, self._search_k(self.n_neighbors, n, True),
-                                       resolve_device(self.device), self_search=True)
+        _, self.search_plan_ = self._search_plan(grid, self.n_samples_fit_, self.n_neighbors,
+                                                 dev, exclude_self=True)
         return self
 
-    def _search_k(self, k, n_fit, exclude_self):
-        """Neighbours searched for ``k`` kept: the pool depends on the constructor's
-        n_neighbors, not on k, so that the graphs of one estimator agree on their common
-        prefix whatever k is asked for (connectivity with k, distance with k + 1,
+    def _search_plan(self, grid, n_queries, k, device, *, exclude_self):
+        """``(k_search, plan)``: the neighbours searched for ``k`` kept, and the search plan of
+        ``n_queries`` queries against the fitted images. With refinement the pool depends on
+        the constructor's n_neighbors, not on k, so that the graphs of one estimator agree on
+        their common prefix whatever k is asked for (connectivity with k, distance with k + 1,
         kneighbors() without self)."""
-        grid = self._grid(self.refine)
-        if not (grid.refine and any(grid.free)):
-            return k
-        pool = max(k, self.n_neighbors + 1 - (1 if exclude_self else 0))
-        return min(n_fit - (1 if exclude_self else 0), pool)
-
-    def _plan(self, n_queries, k_search, device, *, self_search):
-        """The search plan of ``n_queries`` queries against the fitted images."""
-        return make_search_plan(n_queries, self.n_samples_fit_, self._grid(self.refine).size,
-                                k_search, device=device, method=self.neighbor_search,
+        k_search = k
+        if grid.refine and any(grid.free):
+            pool = max(k, self.n_neighbors + 1 - (1 if exclude_self else 0))
+            k_search = min(self.n_samples_fit_ - (1 if exclude_self else 0), pool)
+        plan = make_search_plan(n_queries, self.n_samples_fit_, grid.size, k_search,
+                                device=device, method=self.neighbor_search,
                                 n_candidates=self.n_candidates, purpose="graph",
-                                self_search=self_search)
+                                self_search=exclude_self)
+        return k_search, plan
 
     # ------------------------------------------------------------------ search
     @reusing_heap
@@ -284,11 +281,10 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         K = torch.as_tensor(self._fit_X).to(device=dev, dtype=dtype).reshape(-1, *self.image_shape_)
         Q = K if exclude_self else to_tensor(Q2).to(
             device=dev, dtype=dtype).reshape(-1, *self.image_shape_)
-        n_q, n_fit = Q.shape[0], K.shape[0]
+        n_q = Q.shape[0]
         exclude = torch.arange(n_q, device=dev) if exclude_self else None
         refine = grid.refine and any(grid.free)
-        k_search = self._search_k(k, n_fit, exclude_self)
-        plan = self._plan(n_q, k_search, dev, self_search=exclude_self)
+        k_search, plan = self._search_plan(grid, n_q, k, dev, exclude_self=exclude_self)
         with torch.no_grad():
             D, ind, P = knn_search(Q, K, grid, k_search, plan=plan, batch_size=self.batch_size,
                                    exclude=exclude, client=self.client)

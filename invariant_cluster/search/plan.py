@@ -197,8 +197,7 @@ def make_search_plan(n_queries, n_keys, grid_size, k, *, device="cpu", method="a
         c = int(n_candidates)
     c = int(min(max(c, k), nk))
     route = "faiss" if uses_faiss(nk, kind) else "blocked"
-    hops = HOP_NEIGHBORS if (self_search and purpose != "means"
-                             and c < nk - (1 if self_search else 0)) else 0
+    hops = HOP_NEIGHBORS if self_search and purpose != "means" and c < nk - 1 else 0
     why = ("asked for" if method == "shortlist" else
            f"{nk} keys x {g} grid points > {limit} on {kind}")
     where = (f"faiss's inverted file ({nk} keys >= {_per_kind(FAISS_MIN_KEYS, kind)})"
