@@ -12,8 +12,8 @@ Everything here works on a kNN graph given as ``(index, dist)`` arrays of shape 
 - :func:`fuzzy_graph`, :func:`leiden`, :func:`group`: the estimator's default, Leiden on the
   fuzzy graph of the samples' kNN graph or of its union with the means' graph
   (``benchmarks/bench_noise.py`` measures every grouping tried).
-- :func:`count_groups`: ``n_clusters=None``: the separated groups of the samples' kNN graph
-  (:func:`separated_groups`, single linkage with a gap), else modularity's communities merged
+- :func:`count_groups`: ``n_clusters=None``: the separated groups of the samples' or of the
+  converged means' kNN graph (:func:`separated_groups`, single linkage with a gap), else modularity's communities merged
   where the iteration collapsed them onto one mean (:func:`merge_by_modes`).
 - :func:`vote`: ``predict``'s majority among the nearest fitted samples.
 
@@ -465,7 +465,7 @@ def resolve_graph(graph, index, index_means):
 
 
 def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, random_state,
-          modes=None):
+          modes=None, means_edges=None):
     """Labels from the samples' and the means' kNN graphs (``(n, k)`` arrays, self left out).
 
     ``graph``: "samples", "means", "both" (the union of their fuzzy graphs) or "auto" ("both"
@@ -473,40 +473,43 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
     graph, else "samples"). ``grouping``: "leiden" (resolution bisected to give
     ``n_clusters``; None: resolution 1, modularity) or "umap" (umap-learn's layout of the graph,
     then k-means, or HDBSCAN for ``n_clusters=None``). ``modes``: the converged means' modes
-    (:func:`graph_modes`), used by ``n_clusters=None`` with "leiden" (:func:`count_groups`).
+    (:func:`graph_modes`) and ``means_edges`` every edge searched between them, used by
+    ``n_clusters=None`` with "leiden" (:func:`count_groups`).
     With ``n_clusters`` and "leiden", a separated partition of the samples' graph with that
     many groups is taken when there is one (copy sets: Leiden's resolution search cuts chains
-    of copies at arbitrary places). Returns ``(labels, graph_used, rule)``: ``rule`` says what
-    decided the count ("given", "separated", "modularity" or "hdbscan", see
-    :func:`count_groups`).
+    of copies at arbitrary places). Returns ``(labels, graph_used, rule, separation)``: ``rule``
+    says what decided the count ("given", "separated", "separated_means", "modularity" or
+    "hdbscan", see :func:`count_groups`); ``separation`` the gap ratio of the separated
+    partition tested (None where none was).
     """
     n = index.shape[0]
     graph = resolve_graph(graph, index, index_means)
     if n <= 1 or index.shape[1] == 0:  # one distinct image
-        return np.zeros(n, dtype=np.int64), graph, "given" if n_clusters else "separated"
+        return (np.zeros(n, dtype=np.int64), graph, "given" if n_clusters else "separated",
+                None)
     if n_clusters is not None and n <= n_clusters:
-        return np.arange(n), graph, "given"
+        return np.arange(n), graph, "given", None
     if n_clusters is None and grouping == "leiden":
-        labels, rule, _ = count_groups(index, dist, index_means, dist_means, graph, modes,
-                                       random_state)
-        return labels, graph, rule
+        labels, rule, separation = count_groups(index, dist, index_means, dist_means, graph,
+                                                modes, random_state, means_edges)
+        return labels, graph, rule, separation
     if grouping == "leiden":
-        labels, _ = separated_groups(index, dist, n_groups=int(n_clusters))
+        labels, separation = separated_groups(index, dist, n_groups=int(n_clusters))
         if labels is not None:
-            return labels, graph, "given"
+            return labels, graph, "given", separation
     rule = "given" if n_clusters is not None else "hdbscan"
     if grouping == "umap" and graph != "both":
         idx, dst = (index, dist) if graph == "samples" else (index_means, dist_means)
-        return embed_and_cluster(idx, dst, n_clusters, random_state), graph, rule
+        return embed_and_cluster(idx, dst, n_clusters, random_state), graph, rule, None
     G = _union_graph(index, dist, index_means, dist_means, graph, random_state)
     if grouping == "umap":
         emb = embed_fuzzy_graph(G, random_state)
-        return _cluster_embedding(emb, n_clusters, random_state), graph, rule
+        return _cluster_embedding(emb, n_clusters, random_state), graph, rule, None
     labels = leiden(G, n_clusters, random_state)
     if n_clusters is not None and int(labels.max()) + 1 != n_clusters:
         # no resolution gives n_clusters parts (e.g. more connected components than that)
         labels = spectral_labels(G, n_clusters, random_state)
-    return labels, graph, rule
+    return labels, graph, rule, None
 
 
 def spectral_labels(graph, n_clusters: int, random_state) -> np.ndarray:
@@ -571,6 +574,10 @@ def merge_by_modes(labels: np.ndarray, modes) -> np.ndarray:
 # shapes give such partitions, natural classes do not. Images of tiny parts (at most
 # SEPARATED_MAX_OUTLIERS of all) join the group they meet first.
 SEPARATED_MIN_GAP = 1.25
+# The converged means' graph needs a wider gap: the iteration contracts natural classes'
+# neighbourhoods too (8 x 8 digits at +-45 degrees: largest ratio 1.26 on the means, at most
+# 1.15 on the samples), while the copy sets the means decide show 1.76 or more.
+SEPARATED_MEANS_MIN_GAP = 1.5
 SEPARATED_MIN_SIZE = 3
 SEPARATED_MAX_OUTLIERS = 0.1
 
@@ -693,14 +700,34 @@ def _cut_tree(n, ei, ej, n_edges, min_size):
     return np.unique(labels, return_inverse=True)[1].astype(np.int64)
 
 
-def count_groups(index, dist, index_means, dist_means, graph, modes, random_state):
-    """``n_clusters=None``: the separated groups of the samples' kNN graph when there are
-    (:func:`separated_groups`), else modularity's communities merged along the converged means
-    (:func:`_leiden_count`). Returns ``(labels, rule, separation)``, ``rule`` "separated" or
-    "modularity"."""
+def count_groups(index, dist, index_means, dist_means, graph, modes, random_state,
+                 means_edges=None):
+    """``n_clusters=None``: the finer of the separated partitions of the samples' kNN graph
+    (gap ``SEPARATED_MIN_GAP``) and of the converged means' graph (gap
+    ``SEPARATED_MEANS_MIN_GAP``), see :func:`separated_groups`; else modularity's communities
+    merged along the converged means (:func:`_leiden_count`).
+
+    The means' graph is the fixed point's own count: where the iteration collapsed each group
+    of noisy copies onto one invariant mean, the spread within a group shrinks while the
+    distance between groups stays, so the means are separated where the noisy samples are not.
+    The iteration contracts every neighbourhood, natural classes' too, so the means must show
+    a wider gap. ``means_edges``: ``(index, dist)`` of every edge searched between the means
+    (within two hops: the means' graph is then connected wherever the samples' graph is, and
+    a mode that collapsed onto more than ``k`` means is not cut off by its kNN lists); None
+    uses ``(index_means, dist_means)``. The samples' graph decides on a tie. Returns
+    ``(labels, rule, separation)``: ``rule`` "separated" (the samples' graph),
+    "separated_means" or "modularity"; ``separation`` the chosen partition's gap ratio, or
+    where none is separated the largest ratio seen on the samples' graph.
+    """
     labels, separation = separated_groups(index, dist)
+    rule = "separated"
+    edges = means_edges if means_edges is not None else (index_means, dist_means)
+    if edges[0] is not None and edges[0].shape[1] > 0:
+        labels_m, separation_m = separated_groups(*edges, min_gap=SEPARATED_MEANS_MIN_GAP)
+        if labels_m is not None and (labels is None or labels_m.max() > labels.max()):
+            labels, separation, rule = labels_m, separation_m, "separated_means"
     if labels is not None:
-        return labels, "separated", separation
+        return labels, rule, separation
     return (_leiden_count(index, dist, index_means, dist_means, graph, modes, random_state),
             "modularity", separation)
 
