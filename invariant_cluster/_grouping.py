@@ -13,8 +13,9 @@ Everything here works on a kNN graph given as ``(index, dist)`` arrays of shape 
   fuzzy graph of the samples' kNN graph or of its union with the means' graph
   (``benchmarks/bench_noise.py`` measures every grouping tried).
 - :func:`count_groups`: ``n_clusters=None``: the separated groups of the samples' or of the
-  converged means' kNN graph (:func:`separated_groups`, single linkage with a gap), else modularity's communities merged
-  where the iteration collapsed them onto one mean (:func:`merge_by_modes`).
+  converged means' kNN graph (:func:`separated_groups`, single linkage with a gap), else
+  modularity's communities merged where the iteration collapsed them onto one mean
+  (:func:`merge_by_modes`).
 - :func:`vote`: ``predict``'s majority among the nearest fitted samples.
 
 Each rule's measurements: the user guide's convergence page, "The grouping's rules, and how
