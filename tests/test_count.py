@@ -28,16 +28,18 @@ def _fit(X, **params):
         return InvariantAttentionClusterer(random_state=0, **params).fit(X)
 
 
-def _copies(n_shapes, n_copies, seed=0, noise=0.0):
+def _copies(n_shapes, n_copies, seed=0, noise=0.0, noise_seed=None):
     """``n_copies`` copies at arbitrary angles of each of ``n_shapes`` 8 x 8 digits picked at
-    random; and the shape of each copy."""
+    random; and the shape of each copy. The noise is drawn after the picks from the same
+    generator, or from ``default_rng(noise_seed)`` (``benchmarks/bench_count.py``'s sets)."""
     rng = np.random.default_rng(seed)
     shapes = rng.choice(len(DIGITS), n_shapes, replace=False)
     X = np.concatenate([make_transformed_copies(DIGITS[i], n_copies, max_rotation=180,
                                                 random_state=seed * 1000 + j)[0]
                         for j, i in enumerate(shapes)])
     if noise:
-        X = X + noise * rng.standard_normal(X.shape)
+        X = X + noise * (rng if noise_seed is None
+                         else np.random.default_rng(noise_seed)).standard_normal(X.shape)
     return X.astype(np.float32), np.repeat(np.arange(n_shapes), n_copies)
 
 
@@ -64,6 +66,19 @@ def test_noisy_copy_sets_counted(n_shapes, n_copies):
     assert adjusted_rand_score(y, est.labels_) >= 0.95
 
 
+@pytest.mark.parametrize("n_shapes, n_copies", [(8, 40), (12, 40)])
+def test_noisy_copies_counted_by_their_means(n_shapes, n_copies):
+    # noise of std 0.1 on 8 x 8 digits blurs two shapes together in the samples' graph
+    # (6 and 11 separated groups); the converged means collapse each shape's copies, and
+    # their graph is separated with the right count
+    X, y = _copies(n_shapes, n_copies, seed=0, noise=0.1, noise_seed=1)
+    est = _fit(X)
+    assert est.n_clusters_ == n_shapes
+    assert adjusted_rand_score(y, est.labels_) >= 0.95
+    assert est.count_rule_ == "separated_means"
+    assert est.separation_ >= 1.5
+
+
 def test_natural_classes_fall_back_to_modularity():
     # 600 digits of 10 classes, each at its own angle within +-45 degrees: classes that chain
     # into each other have no separated partition
@@ -73,6 +88,19 @@ def test_natural_classes_fall_back_to_modularity():
     est = _fit(X, max_rotation=60, n_rotations=24)
     assert est.count_rule_ == "modularity"
     assert 5 <= est.n_clusters_ <= 20
+    assert est.separation_ < 1.25
+
+
+def test_natural_means_not_separated():
+    # the iteration contracts natural classes too: on these 1,000 digits the converged means'
+    # graph has a partition separated by 1.26 (2 groups, one of them a single class), which
+    # the means' wider gap (1.5) does not take
+    from invariant_cluster.datasets import make_transformed
+
+    X, _ = make_transformed(DIGITS[:1000], max_rotation=45, random_state=1)
+    est = _fit(X, max_rotation=60, n_rotations=24)
+    assert est.count_rule_ == "modularity"
+    assert est.n_clusters_ >= 5
 
 
 def test_count_rule_given():
