@@ -74,14 +74,15 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         distinct images is separated when the shortest edge between two groups is at least
         1.25 times the longest edge of the single-linkage tree inside any group, with at most
         10% of the images left in smaller parts (they join the group they meet first). The
-        finest separated partition of the samples' invariant kNN graph and of the converged
-        means' graph is taken (the finer of the two; the samples' on a tie): the iteration
-        collapses each group of noisy copies onto one invariant mean, so the means are
-        separated where noisy samples are not. Copies of a few shapes give such partitions
-        whatever their number and size (``benchmarks/results/count.json``); natural classes,
-        which chain into each other, do not (largest ratios 1.00-1.07 on rotated MNIST and
-        Fashion-MNIST). There, Leiden at resolution 1 (modularity) counts, its communities
-        merged where the converged means collapsed them onto one mode. ``count_rule_`` says
+        finest separated partition of the samples' invariant kNN graph is taken; on noisy
+        images (``noise_std_ > 0``), that of the converged means' graph when it is finer (gap
+        1.5): the iteration collapses each group of noisy copies onto one invariant mean, so
+        the means are separated where noisy samples are not. Copies of a few shapes give such
+        partitions whatever their number and size (``benchmarks/results/count.json``);
+        natural classes, which chain into each other, do not (``separation_`` 1.00-1.02 on
+        rotated MNIST and Fashion-MNIST, ``count_natural*.json``). There, Leiden at
+        resolution 1 (modularity) counts, its communities merged where the converged means
+        collapsed them onto one mode. ``count_rule_`` says
         which rule decided and ``separation_`` the ratio. The count can be wrong where copies
         of one shape are farther apart than two shapes (8 x 8 digits of the same class at
         arbitrary angles, copies shifted farther apart than ``max_translation``) and where
@@ -568,13 +569,15 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                 if graph == "auto" and self.n_clusters is not None and n > DECIDE_ROWS:
                     pick = np.random.default_rng(seed).choice(n, DECIDE_ROWS, replace=False)
                     rows = torch.as_tensor(np.sort(pick), device=M.device)
-                # n_clusters=None keeps every searched edge: the count's means' graph
+                # on noisy images n_clusters=None keeps every searched edge: the count's
+                # means' graph (count_groups)
+                every = self.n_clusters is None and not self.filter_.is_identity
                 Dm, idx_mt, _ = candidate_search(M if rows is own else M[rows], M,
                                                  two_hop_candidates(idx, rows), grid,
-                                                 k=None if self.n_clusters is None else k,
+                                                 k=None if every else k,
                                                  batch_size=self.batch_size,
                                                  client=self.client, exclude=rows)
-                if self.n_clusters is None:
+                if every:
                     means_edges = (idx_mt.cpu().numpy(), _finite_dist(Dm))
                     Dm, idx_mt = Dm[:, :k], idx_mt[:, :k]
                 idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
