@@ -56,9 +56,9 @@ def _digits(n, size, seed):
 
 
 def _thirds(idx, dist, idx_means, dist_means, n_clusters, graph, grouping, seed, modes=None,
-            weights=None):
+            means_edges=None):
     """A stand-in for the grouping: three clusters by index (the warps are what is tested)."""
-    return np.arange(idx.shape[0]) % 3, "samples", "given"
+    return np.arange(idx.shape[0]) % 3, "samples", "given", None
 
 
 def test_clusterer_on_10000_images_stays_below_the_batch_limit(monkeypatch):
