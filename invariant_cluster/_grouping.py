@@ -247,11 +247,11 @@ _MIN_PART_FRACTION = 0.02
 
 
 # Leiden on the whole graph is igraph's (about 10 times faster than leidenalg's optimiser, the
-# same objective), except for n_clusters=None, whose count was measured with leidenalg's.
+# same objective); leidenalg's optimiser merges the communities of a finer partition.
 _IGRAPH_ITERATIONS = 2
 
 
-def _igraph_leiden(net, resolution, random_state):
+def _igraph_leiden(net, resolution, random_state, n_iterations=None):
     """Membership from igraph's Leiden (modularity at ``resolution``) seeded by
     ``random_state``; igraph's process-wide random generator is then set back to its default,
     Python's ``random`` module (igraph has no getter for the one in use)."""
@@ -263,16 +263,37 @@ def _igraph_leiden(net, resolution, random_state):
     try:
         clusters = net.community_leiden(objective_function="modularity", weights="weight",
                                         resolution=float(resolution),
-                                        n_iterations=_IGRAPH_ITERATIONS)
+                                        n_iterations=(_IGRAPH_ITERATIONS if n_iterations is None
+                                                      else n_iterations))
     finally:
         ig.set_random_number_generator(random)
     return list(clusters.membership)
 
 
+# n_clusters=None: Leiden runs (seeds random_state, random_state + 1, ...) of which the one of
+# highest modularity is taken. One run's partition depends on its seed and on the order of the
+# nodes: on 2,000 rotated MNIST digits five seeds gave ACC 0.917-0.929, and one run of
+# leidenalg's optimiser 0.891 where the best of five gives 0.928.
+COUNT_RUNS = 5
+
+
+def _best_modularity(net, random_state) -> np.ndarray:
+    """Labels of the highest-modularity partition among ``COUNT_RUNS`` runs of igraph's
+    Leiden (resolution 1, iterated until stable) on the weighted igraph graph ``net``."""
+    best, best_q = None, -math.inf
+    for r in range(COUNT_RUNS):
+        membership = _igraph_leiden(net, 1.0, int(random_state) + r, n_iterations=-1)
+        q = net.modularity(membership, weights="weight")
+        if q > best_q:
+            best, best_q = membership, q
+    return np.unique(best, return_inverse=True)[1].astype(np.int64)
+
+
 def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
     """Leiden (RB configuration model) on a weighted sparse graph.
 
-    ``n_clusters=None``: resolution 1 (modularity), leidenalg's optimiser. An int: the
+    ``n_clusters=None``: resolution 1 (modularity), the best of ``COUNT_RUNS`` runs of
+    igraph's Leiden (:func:`_best_modularity`). An int: the
     resolution is searched (from 1, secant steps in log-log; igraph's Leiden on the whole
     graph) until the partition has ``n_clusters`` parts; if none is found, the partition with
     the closest count not above ``n_clusters``. Communities under ``_MIN_PART_FRACTION`` of
@@ -293,12 +314,7 @@ def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
         """Leiden at ``resolution``: on the whole graph (igraph's), or merging the communities
         of the partition ``finer`` (leidenalg on its aggregate graph). Returns
         ``(labels, partition)``."""
-        if finer is None and n_clusters is None:
-            # the count is modularity's: leidenalg's optimiser, as merge_by_modes was measured with
-            part = la.RBConfigurationVertexPartition(net, weights="weight",
-                                                     resolution_parameter=resolution)
-            optimiser.optimise_partition(part, n_iterations=2)
-        elif finer is None:
+        if finer is None:
             membership = _igraph_leiden(net, resolution, random_state)
             part = la.RBConfigurationVertexPartition(net, weights="weight",
                                                      resolution_parameter=resolution,
@@ -314,7 +330,7 @@ def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
         return np.unique(part.membership, return_inverse=True)[1].astype(np.int64), part
 
     if n_clusters is None:
-        return run(1.0)[0]
+        return _best_modularity(net, random_state)
     min_size = max(1, math.ceil(_MIN_PART_FRACTION * graph.shape[0] / int(n_clusters)))
     labels = _search_resolution(run, int(n_clusters), max_steps, min_size)
     return _absorb_small_parts(labels, graph, min_size)
