@@ -596,6 +596,11 @@ SEPARATED_MIN_GAP = 1.25
 # 1.15 on the samples), while the noisy copy sets the means decide show 1.7 or more (most
 # are not connected at all).
 SEPARATED_MEANS_MIN_GAP = 1.5
+# ... and counts only where the noise dominates the samples' distances: its expected distance
+# between two images, sqrt(2 F) noise_std_, at least this fraction of the median distance to the
+# nearest neighbour (noise of std 0.1 on digits: 1.5-2.5; clean copies jittered by 1e-4, whose
+# noise the filter measures: 0.002-0.009, and their means split a shape into modes).
+NOISY_FRACTION = 0.5
 SEPARATED_MIN_SIZE = 3
 SEPARATED_MAX_OUTLIERS = 0.1
 
@@ -732,9 +737,10 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     a wider gap. ``means_edges``: ``(index, dist)`` of every edge searched between the means
     (within two hops: the means' graph is then connected wherever the samples' graph is, and
     a mode that collapsed onto more than ``k`` means is not cut off by its kNN lists); the fit
-    passes them only for noisy images (the noise filter measured noise): on clean copies the
-    samples' graph is already exact, and the means, which the iteration leaves in several
-    nearly identical modes per shape, split it (3 shapes x 40 clean copies: 5). None: the
+    passes them only where the noise dominates the samples' distances (``NOISY_FRACTION``):
+    on clean copies the samples' graph is already exact, and the means, which the iteration
+    leaves in several nearly identical modes per shape, split it (3 shapes x 40 clean copies:
+    5). None: the
     samples' graph alone. The samples' graph decides on a tie. Returns
     ``(labels, rule, separation)``: ``rule`` "separated" (the samples' graph),
     "separated_means" or "modularity"; ``separation`` the chosen partition's gap ratio, or
