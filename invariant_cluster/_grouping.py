@@ -596,11 +596,12 @@ SEPARATED_MIN_GAP = 1.25
 # 1.15 on the samples), while the noisy copy sets the means decide show 1.7 or more (most
 # are not connected at all).
 SEPARATED_MEANS_MIN_GAP = 1.5
-# ... and counts only where the noise dominates the samples' distances: its expected distance
-# between two images, sqrt(2 F) noise_std_, at least this fraction of the median distance to the
-# nearest neighbour (noise of std 0.1 on digits: 1.5-2.5; clean copies jittered by 1e-4, whose
-# noise the filter measures: 0.002-0.009, and their means split a shape into modes).
-NOISY_FRACTION = 0.5
+# ... and counts only where the measured noise is a material part of the images: noise_std_
+# at least this fraction of the images' standard deviation. Noise of std 0.1 on digits:
+# 0.33-0.49; 8 x 8 digits' own interpolation artefacts: 0.21-0.33; clean 28 x 28 copies of
+# smooth shapes: 0.023-0.029, and clean MNIST copies jittered by 1e-4: 0.0004, whose means
+# split a shape into several modes (3 x 40 copies: 4, 5 and 5 clusters).
+NOISY_FRACTION = 0.1
 SEPARATED_MIN_SIZE = 3
 SEPARATED_MAX_OUTLIERS = 0.1
 
@@ -737,7 +738,7 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     a wider gap. ``means_edges``: ``(index, dist)`` of every edge searched between the means
     (within two hops: the means' graph is then connected wherever the samples' graph is, and
     a mode that collapsed onto more than ``k`` means is not cut off by its kNN lists); the fit
-    passes them only where the noise dominates the samples' distances (``NOISY_FRACTION``):
+    passes them only where the measured noise is material (``NOISY_FRACTION``):
     on clean copies the samples' graph is already exact, and the means, which the iteration
     leaves in several nearly identical modes per shape, split it (3 shapes x 40 clean copies:
     5). None: the

@@ -7,7 +7,6 @@ of the converged means) -> centres (each cluster's invariant mean).
 
 from __future__ import annotations
 
-import math
 import numbers
 import time
 import warnings
@@ -77,8 +76,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         1.25 times the longest edge of the single-linkage tree inside any group, with at most
         10% of the images left in smaller parts (they join the group they meet first). The
         finest separated partition of the samples' invariant kNN graph is taken; where the
-        measured noise makes up at least half of the typical distance to the nearest
-        neighbour, that of the converged means' graph when it is finer (gap 1.5): the
+        measured noise is material (``noise_std_`` at least 10% of the images' standard
+        deviation), that of the converged means' graph when it is finer (gap 1.5): the
         iteration collapses each group of noisy copies onto one invariant mean, so the means
         are separated where noisy samples are not. Copies of a few shapes give such
         partitions whatever their number and size (``benchmarks/results/count.json``);
@@ -466,7 +465,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
             # 4. group: Leiden on the samples' graph or its union with the means' graph
             stage = progress_bar(1, "grouping", "stage")
             labels, Dg = self._group(D, idx, M, grid, k, seed, rho + sigma,
-                                     noisy=self._noise_dominated(Xt, rho))
+                                     noisy=self._noise_dominated(Xt))
             stage.update()
             stage.close()
             self._log(f"{int(labels.max()) + 1} clusters ({time.perf_counter() - t0:.1f} s)")
@@ -554,23 +553,19 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         Pu[rows] = p.to(Pu.dtype)
         return Mu, Pu
 
-    def _noise_dominated(self, Xt, rho):
-        """Whether the measured noise makes up at least ``NOISY_FRACTION`` of the typical
-        distance to the nearest neighbour (``rho``): the noise's expected distance between
-        two images, ``sqrt(2 F) noise_std_`` for ``F`` values an image, against the median
-        ``rho``. Noise of std 0.1 on 8 x 8 and 28 x 28 digits gives 1.5-2.5; copies jittered
-        by 1e-4 give 0.01, which the filter still measures (``noise_std_ > 0``)."""
-        if self.filter_.is_identity or rho.numel() == 0:
+    def _noise_dominated(self, Xt):
+        """Whether the measured noise is a material part of the images: ``noise_std_`` at
+        least ``NOISY_FRACTION`` of the standard deviation of the (filtered) images ``Xt``."""
+        if self.filter_.is_identity or Xt.numel() == 0:
             return False
-        spread = math.sqrt(2 * Xt[0].numel()) * self.noise_std_
-        return spread >= NOISY_FRACTION * float(rho.median())
+        return self.noise_std_ >= NOISY_FRACTION * float(Xt.float().std())
 
     def _group(self, D, idx, M, grid, k, seed, tol_modes, noisy=False):
         """Labels (largest cluster first) from the samples' graph ``(D, idx)``, the means'
         graph, or their union (see ``graph``); and the distances of the graph that ranks each
         cluster's densest member. ``tol_modes``: the edge length within which two converged
         means are one mode (a tensor, used by ``n_clusters=None``); ``noisy``: whether the
-        noise dominates the samples' distances (:meth:`_noise_dominated`), so that the means'
+        measured noise is material (:meth:`_noise_dominated`), so that the means'
         graph may count."""
         idx_m = dist_m = modes = means_edges = None
         Dg = D
@@ -586,8 +581,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                 if graph == "auto" and self.n_clusters is not None and n > DECIDE_ROWS:
                     pick = np.random.default_rng(seed).choice(n, DECIDE_ROWS, replace=False)
                     rows = torch.as_tensor(np.sort(pick), device=M.device)
-                # where noise dominates, n_clusters=None keeps every searched edge: the count's
-                # means' graph (count_groups)
+                # where the noise is material, n_clusters=None keeps every searched edge:
+                # the count's means' graph (count_groups)
                 every = self.n_clusters is None and noisy
                 Dm, idx_mt, _ = candidate_search(M if rows is own else M[rows], M,
                                                  two_hop_candidates(idx, rows), grid,

@@ -79,6 +79,30 @@ def test_noisy_copies_counted_by_their_means(n_shapes, n_copies):
     assert est.separation_ >= 1.5
 
 
+@pytest.mark.parametrize("picks", [(0, 1, 2), (10, 20, 30)])
+@pytest.mark.parametrize("jitter", [False, True])
+def test_clean_smooth_copies_not_split_by_their_means(picks, jitter):
+    # 28 x 28 shapes (8 x 8 digits upsampled by cubic splines), 40 clean copies each: the
+    # filter measures their interpolation artefacts as a little noise (std about 0.01, 3% of
+    # the images' std) and 1e-4 jitter as some more; the iteration leaves each shape in
+    # several modes, which the means' test split (4 and 5 clusters); the samples' graph counts
+    from scipy.ndimage import zoom
+
+    shapes = [np.pad(zoom(DIGITS[i].astype(np.float64), 3, order=3).clip(0, None), 2)
+              for i in picks]
+    X = np.concatenate([make_transformed_copies(b.astype(np.float32), 40, max_rotation=180,
+                                                random_state=j)[0]
+                        for j, b in enumerate(shapes)]).astype(np.float32)
+    y = np.repeat(np.arange(3), 40)
+    if jitter:
+        X = np.concatenate([X, X + 1e-4 * np.random.default_rng(0).standard_normal(
+            X.shape).astype(np.float32)])
+    est = _fit(X)
+    assert est.n_clusters_ == 3
+    assert adjusted_rand_score(y, est.labels_[:120]) >= 0.99
+    assert est.count_rule_ == "separated"
+
+
 def test_natural_classes_fall_back_to_modularity():
     # 600 digits of 10 classes, each at its own angle within +-45 degrees: classes that chain
     # into each other have no separated partition
