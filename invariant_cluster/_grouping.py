@@ -600,7 +600,7 @@ SEPARATED_MEANS_MIN_GAP = 1.5
 # at least this fraction of the images' standard deviation. Noise of std 0.1 on digits:
 # 0.33-0.49; 8 x 8 digits' own interpolation artefacts: 0.21-0.33; clean 28 x 28 copies of
 # smooth shapes: 0.023-0.029, and clean MNIST copies jittered by 1e-4: 0.0004, whose means
-# split a shape into several modes (3 x 40 copies: 4, 5 and 5 clusters).
+# split a shape into several modes (3 shapes x 40 copies: 4 or 5 clusters).
 NOISY_FRACTION = 0.1
 SEPARATED_MIN_SIZE = 3
 SEPARATED_MAX_OUTLIERS = 0.1
