@@ -270,6 +270,17 @@ def _igraph_leiden(net, resolution, random_state, n_iterations=None):
     return list(clusters.membership)
 
 
+def _igraph_graph(graph):
+    """The symmetric sparse ``graph`` as an undirected igraph graph, its entries as the edges'
+    "weight"."""
+    import igraph as ig
+
+    g = graph.tocoo()
+    upper = g.row < g.col
+    return ig.Graph(n=graph.shape[0], edges=np.c_[g.row[upper], g.col[upper]],
+                    edge_attrs={"weight": g.data[upper]})
+
+
 # n_clusters=None: Leiden runs (seeds random_state, random_state + 1, ...) of which the one of
 # highest modularity is taken. One run's partition depends on its seed and on the order of the
 # nodes: on 2,000 rotated MNIST digits five seeds gave ACC 0.921-0.928, and one run of
@@ -293,20 +304,17 @@ def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
     """Leiden (RB configuration model) on a weighted sparse graph.
 
     ``n_clusters=None``: resolution 1 (modularity), the best of ``COUNT_RUNS`` runs of
-    igraph's Leiden (:func:`_best_modularity`). An int: the
-    resolution is searched (from 1, secant steps in log-log; igraph's Leiden on the whole
-    graph) until the partition has ``n_clusters`` parts; if none is found, the partition with
-    the closest count not above ``n_clusters``. Communities under ``_MIN_PART_FRACTION`` of
-    ``n / n_clusters`` nodes are not counted and join the counted community they are most
-    strongly joined to.
+    igraph's Leiden (:func:`_best_modularity`). An int: the resolution is searched (from 1,
+    secant steps in log-log; igraph's Leiden on the whole graph) until the partition has
+    ``n_clusters`` parts; if none is found, the partition with the closest count not above
+    ``n_clusters``. Communities under ``_MIN_PART_FRACTION`` of ``n / n_clusters`` nodes are
+    not counted and join the counted community they are most strongly joined to.
     """
-    import igraph as ig
     import leidenalg as la
 
-    g = graph.tocoo()
-    upper = g.row < g.col
-    net = ig.Graph(n=graph.shape[0], edges=np.c_[g.row[upper], g.col[upper]],
-                   edge_attrs={"weight": g.data[upper]})
+    net = _igraph_graph(graph)
+    if n_clusters is None:
+        return _best_modularity(net, random_state)
     optimiser = la.Optimiser()
     optimiser.set_rng_seed(int(random_state))
 
@@ -329,8 +337,6 @@ def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
             part.from_coarse_partition(coarse)
         return np.unique(part.membership, return_inverse=True)[1].astype(np.int64), part
 
-    if n_clusters is None:
-        return _best_modularity(net, random_state)
     min_size = max(1, math.ceil(_MIN_PART_FRACTION * graph.shape[0] / int(n_clusters)))
     labels = _search_resolution(run, int(n_clusters), max_steps, min_size)
     return _absorb_small_parts(labels, graph, min_size)
@@ -738,11 +744,10 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     a wider gap. ``means_edges``: ``(index, dist)`` of every edge searched between the means
     (within two hops: the means' graph is then connected wherever the samples' graph is, and
     a mode that collapsed onto more than ``k`` means is not cut off by its kNN lists); the fit
-    passes them only where the measured noise is material (``NOISY_FRACTION``):
-    on clean copies the samples' graph is already exact, and the means, which the iteration
-    leaves in several nearly identical modes per shape, split it (3 shapes x 40 clean copies:
-    5). None: the
-    samples' graph alone. The samples' graph decides on a tie. Returns
+    passes them only where the measured noise is material (``NOISY_FRACTION``): on clean
+    copies the samples' graph is already exact, and the means, which the iteration leaves in
+    several nearly identical modes per shape, split it (3 shapes x 40 clean copies: 4 or 5).
+    None: the samples' graph alone. The samples' graph decides on a tie. Returns
     ``(labels, rule, separation)``: ``rule`` "separated" (the samples' graph),
     "separated_means" or "modularity"; ``separation`` the chosen partition's gap ratio, or
     where none is separated the largest ratio seen on the samples' graph.

@@ -84,12 +84,11 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         natural classes, which chain into each other, do not (``separation_`` 1.00-1.02 on
         rotated MNIST and Fashion-MNIST, ``count_natural*.json``). There, Leiden at
         resolution 1 (modularity) counts, its communities merged where the converged means
-        collapsed them onto one mode. ``count_rule_`` says
-        which rule decided and ``separation_`` the ratio. The count can be wrong where copies
-        of one shape are farther apart than two shapes (8 x 8 digits of the same class at
-        arbitrary angles, copies shifted farther apart than ``max_translation``) and where
-        natural classes are not modularity's communities; inspect ``cluster_centers_`` before
-        trusting it.
+        collapsed them onto one mode. ``count_rule_`` says which rule decided and
+        ``separation_`` the ratio. The count can be wrong where copies of one shape are
+        farther apart than two shapes (8 x 8 digits of the same class at arbitrary angles,
+        copies shifted farther apart than ``max_translation``) and where natural classes are
+        not modularity's communities; inspect ``cluster_centers_`` before trusting it.
         An int: with ``grouping="leiden"``, the separated partition with ``n_clusters`` groups
         when there is one, else Leiden's resolution is searched until the partition
         has ``n_clusters`` parts of at least 2% of ``n_samples / n_clusters`` samples each (a
@@ -464,8 +463,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
             self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
             # 4. group: Leiden on the samples' graph or its union with the means' graph
             stage = progress_bar(1, "grouping", "stage")
-            labels, Dg = self._group(D, idx, M, grid, k, seed, rho + sigma,
-                                     noisy=self._noise_dominated(Xt))
+            labels, Dg = self._group(
+                D, idx, M, grid, k, seed, rho + sigma,
+                count_means=self.n_clusters is None and self._noise_is_material(Xt))
             stage.update()
             stage.close()
             self._log(f"{int(labels.max()) + 1} clusters ({time.perf_counter() - t0:.1f} s)")
@@ -553,20 +553,20 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         Pu[rows] = p.to(Pu.dtype)
         return Mu, Pu
 
-    def _noise_dominated(self, Xt):
+    def _noise_is_material(self, Xt):
         """Whether the measured noise is a material part of the images: ``noise_std_`` at
         least ``NOISY_FRACTION`` of the standard deviation of the (filtered) images ``Xt``."""
         if self.filter_.is_identity or Xt.numel() == 0:
             return False
-        return self.noise_std_ >= NOISY_FRACTION * float(Xt.float().std())
+        return self.noise_std_ >= NOISY_FRACTION * float(Xt.std())
 
-    def _group(self, D, idx, M, grid, k, seed, tol_modes, noisy=False):
+    def _group(self, D, idx, M, grid, k, seed, tol_modes, count_means=False):
         """Labels (largest cluster first) from the samples' graph ``(D, idx)``, the means'
         graph, or their union (see ``graph``); and the distances of the graph that ranks each
         cluster's densest member. ``tol_modes``: the edge length within which two converged
-        means are one mode (a tensor, used by ``n_clusters=None``); ``noisy``: whether the
-        measured noise is material (:meth:`_noise_dominated`), so that the means'
-        graph may count."""
+        means are one mode (a tensor, used by ``n_clusters=None``); ``count_means``: whether
+        the means' graph may count (``n_clusters=None`` on images whose measured noise is
+        material, :meth:`_noise_is_material`)."""
         idx_m = dist_m = modes = means_edges = None
         Dg = D
         graph = self.graph
@@ -581,9 +581,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                 if graph == "auto" and self.n_clusters is not None and n > DECIDE_ROWS:
                     pick = np.random.default_rng(seed).choice(n, DECIDE_ROWS, replace=False)
                     rows = torch.as_tensor(np.sort(pick), device=M.device)
-                # where the noise is material, n_clusters=None keeps every searched edge:
-                # the count's means' graph (count_groups)
-                every = self.n_clusters is None and noisy
+                # for the count's means' graph (count_groups), every searched edge is kept
+                every = count_means
                 Dm, idx_mt, _ = candidate_search(M if rows is own else M[rows], M,
                                                  two_hop_candidates(idx, rows), grid,
                                                  k=None if every else k,

@@ -542,19 +542,15 @@ def test_count_takes_the_best_of_several_leiden_runs():
     # a graph whose Leiden runs disagree (a kNN graph of 400 points of 6 overlapping
     # Gaussians): the count's partition is the run of highest modularity among the
     # COUNT_RUNS seeds, computed here independently in float64
-    import igraph as ig
     from sklearn.neighbors import kneighbors_graph
 
-    from invariant_cluster._grouping import COUNT_RUNS, _igraph_leiden, leiden
+    from invariant_cluster._grouping import COUNT_RUNS, _igraph_graph, _igraph_leiden, leiden
 
     rng = np.random.default_rng(1)
     X = rng.normal(size=(400, 2)) + 2.5 * rng.integers(0, 6, 400)[:, None] * [[1, 0.4]]
     A = kneighbors_graph(X, 10, mode="connectivity")
     G = A.maximum(A.T).tocsr()
-    g = G.tocoo()
-    upper = g.row < g.col
-    net = ig.Graph(n=400, edges=np.c_[g.row[upper], g.col[upper]],
-                   edge_attrs={"weight": g.data[upper]})
+    net = _igraph_graph(G)
     runs = [np.asarray(_igraph_leiden(net, 1.0, 5 + r, n_iterations=-1))
             for r in range(COUNT_RUNS)]
     q_runs = [_modularity(G, m) for m in runs]
