@@ -127,6 +127,19 @@ def test_natural_means_not_separated():
     assert est.n_clusters_ >= 5
 
 
+def test_natural_means_never_coarser_than_modularity():
+    # on all 1,797 digits (seed 1) the means' graph splits off one class from a continuum of
+    # the other nine (2 groups at a gap of 1.54); modularity gives more groups and counts
+    from invariant_cluster.datasets import make_transformed
+
+    X, _ = make_transformed(DIGITS, max_rotation=45, random_state=1)
+    est = _fit(X, max_rotation=60, n_rotations=24)
+    assert est.count_rule_ == "modularity"
+    assert 8 <= est.n_clusters_ <= 20
+    y = load_digits_images().target
+    assert adjusted_rand_score(y, est.labels_) >= 0.7
+
+
 def test_count_rule_given():
     X, _ = _copies(2, 12)
     assert _fit(X, n_clusters=2).count_rule_ == "given"
