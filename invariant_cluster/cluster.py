@@ -77,7 +77,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         10% of the images left in smaller parts (they join the group they meet first). The
         finest separated partition of the samples' invariant kNN graph is taken; where the
         measured noise is material (``noise_std_`` at least 10% of the images' standard
-        deviation), that of the converged means' graph when it is finer (gap 1.5): the
+        deviation), that of the converged means' graph when it is finer (gap 1.5; and,
+        where the samples' graph has none, not coarser than modularity's count): the
         iteration collapses each group of noisy copies onto one invariant mean, so the means
         are separated where noisy samples are not. Copies of a few shapes give such
         partitions whatever their number and size (``benchmarks/results/count.json``);
