@@ -461,21 +461,27 @@ def ours_ctf_part(data, args):
     # class_averages(X, ctf=...): the search on the phase-flipped images' DihedralPCA copy,
     # then each image's one-step average: with snr (or a CTF) the Wiener estimate, the noise
     # measured ("auto") or the true SNR given (as Cov2D is given the true noise variance)
-    variants = [("fourier", "auto"), ("fourier", snr if has_ctf else None),
-                ("geometric", "auto" if has_ctf else None)]
-    for centre, wiener in variants:
+    # the last: as many directions as stand above the noise (n_components="auto"), on a
+    # 32 x 32 copy
+    pca = (args.pca_components, args.pca_size)
+    variants = [("fourier", "auto", pca), ("fourier", snr if has_ctf else None, pca),
+                ("geometric", "auto" if has_ctf else None, pca),
+                ("fourier", "auto", ("auto", 32))]
+    for centre, wiener, (comps, size) in variants:
         if centre not in args.centres:
             continue
         t0 = time.perf_counter()
+        den = DihedralPCA(comps, output_size=size)
         avg, ind, tau = class_averages(
             X, n_neighbors=args.k, n_rotations=72, reflection=True, refine=args.refine,
             ctf=ctf, snr=wiener, rotation_center=centre, return_alignments=True, device="cpu",
-            denoise=DihedralPCA(args.pca_components, output_size=args.pca_size))
+            denoise=den)
         seconds = time.perf_counter() - t0
-        row(f"ours: class_averages(72 angles, mirrors, DihedralPCA({args.pca_components}, "
-            f"output_size={args.pca_size}), rotation_center={centre!r}"
+        row(f"ours: class_averages(72 angles, mirrors, DihedralPCA({comps!r}, "
+            f"output_size={size}), rotation_center={centre!r}"
             f"{', ctf' if has_ctf else ''}, snr={wiener!r}), k={args.k}", avg,
-            **neighbour_scores(rots, ind, tau[..., 3].astype(bool)), seconds=seconds)
+            **neighbour_scores(rots, ind, tau[..., 3].astype(bool)), seconds=seconds,
+            **({"n_components": int(den.n_components_)} if comps == "auto" else {}))
     return rows
 
 

@@ -50,6 +50,13 @@ _angle = _number(float, 0, high=180, what="degrees in [0, 180]")
 _positive_float = _number(float, 0, strict=True, what="'auto' or a positive number")
 
 
+_components_int = _number(int, 1, what="'auto' or a positive integer")
+
+
+def _components(text):
+    return text if text == "auto" else _components_int(text)
+
+
 def _bandwidth(text):
     return text if text == "auto" else _positive_float(text)
 

@@ -46,6 +46,7 @@ from ._cli_support import (
     _check_finite,
     _check_out,
     _clear,
+    _components,
     _environment,
     _noise_std,
     _nonnegative_float,
@@ -252,10 +253,11 @@ pip install invariant_cluster[mrc]), .npy/.npz, IDX or a folder of PNG/JPEG.
 With --one-step (implied by --denoise and --center), each image's class average is instead the
 plain average of the image and its --n-neighbors (default 10) invariant nearest neighbours, each
 aligned onto it, in one step (invariant_cluster.class_averages): no clustering, no labels.csv.
---denoise C searches for those neighbours on a denoised copy (DihedralPCA with C components,
-zoomed out to --denoise-size pixels) and averages the original images; --center centres each
-copy on its centre of mass first, for particles picked off-centre. On noisy particles this
-finds far better neighbours than the pixels (see the README's cryo-EM benchmark).
+--denoise C searches for those neighbours on a denoised copy (DihedralPCA with C components, or
+'auto' for as many as stand above the noise, zoomed out to --denoise-size pixels) and averages
+the original images; --center centres each copy on its centre of mass first, for particles
+picked off-centre. On noisy particles this finds far better neighbours than the pixels (see
+the README's cryo-EM benchmark).
 
 With --star particles.star (RELION's, one row per image): the search runs on phase-flipped
 images and the averages are CTF-corrected (Wiener, --snr), estimates of the projections without
@@ -554,9 +556,10 @@ def build_parser():
     o.add_argument("--one-step", action="store_true",
                    help="average each image with its --n-neighbors (default 10) aligned "
                         "neighbours, in one step, instead of fitting the clusterer")
-    o.add_argument("--denoise", type=_positive_int, metavar="C",
-                   help="search the neighbours on a DihedralPCA copy with C components "
-                        "(implies --one-step; the original images are averaged)")
+    o.add_argument("--denoise", type=_components, metavar="C",
+                   help="search the neighbours on a DihedralPCA copy with C components, or "
+                        "'auto': those above the noise's hard threshold (implies "
+                        "--one-step; the original images are averaged)")
     o.add_argument("--denoise-size", type=_positive_int, metavar="PX",
                    help="zoom the copy out to PX x PX pixels first (with --denoise)")
     o.add_argument("--center", action="store_true",

@@ -32,7 +32,8 @@ def _group_copies(X):
                            for k in range(4)])
 
 
-@parametrize_with_checks([DihedralPCA(), DihedralPCA(n_components=2)])
+@parametrize_with_checks([DihedralPCA(), DihedralPCA(n_components=2),
+                          DihedralPCA(n_components="auto")])
 def test_sklearn_compatible(estimator, check):
     check(estimator)
 
@@ -82,6 +83,27 @@ class TestProjection:
         pca = DihedralPCA(n_components=100).fit(X)
         assert pca.n_components_ == 25
         np.testing.assert_allclose(pca.transform(X), X.reshape(30, -1), atol=1e-10)
+
+    @pytest.mark.parametrize("rank,n,h", [(1, 300, 12), (4, 400, 16), (7, 600, 16)])
+    def test_auto_keeps_the_signal_directions(self, rank, n, h):
+        # images drawn from `rank` radially symmetric patterns (each maps onto itself under
+        # every quarter turn and mirror, so it is one direction of the averaged covariance)
+        # plus white noise: the hard threshold keeps exactly those directions
+        rng = np.random.default_rng(rank)
+        yy, xx = np.mgrid[:h, :h] - (h - 1) / 2
+        r = np.hypot(yy, xx)
+        patterns = np.stack([np.cos(np.pi * (j + 1) * r / h) * np.exp(-r / h)
+                             for j in range(rank)]).reshape(rank, -1)
+        X = rng.normal(size=(n, rank)) @ patterns + 0.05 * rng.normal(size=(n, h * h))
+        pca = DihedralPCA(n_components="auto").fit(X.reshape(n, h, h))
+        assert pca.n_components_ == rank
+        # the kept subspace is the patterns' span (float64 reference: numpy's QR)
+        Q = np.linalg.qr(patterns.T)[0]
+        np.testing.assert_allclose(pca.components_.T @ pca.components_, Q @ Q.T, atol=0.05)
+
+    def test_auto_on_white_noise_keeps_one(self):
+        X = np.random.default_rng(0).normal(size=(500, 16, 16))
+        assert DihedralPCA(n_components="auto").fit(X).n_components_ == 1
 
     def test_dtype_and_shapes(self):
         X = _images(20, 10, seed=2).astype(np.float32)
@@ -145,6 +167,10 @@ class TestErrors:
             pca.transform(_images(10, 7))
         with pytest.raises(ValueError, match="n_components"):
             DihedralPCA(n_components=0).fit(_images(10, 6))
+        with pytest.raises(ValueError, match="n_components"):
+            DihedralPCA(n_components="most").fit(_images(10, 6))
+        with pytest.raises(ValueError, match="n_components: 'auto'.*output_size"):
+            DihedralPCA(n_components="auto").fit(np.zeros((2, 65, 65), np.float32))
 
 
 class TestClassAveragesDenoised:

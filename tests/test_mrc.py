@@ -248,12 +248,28 @@ class TestOneStepClassAverages:
         assert info["denoise"]["n_components"] == 8 and info["denoise"]["output_size"] == 8
         assert info["center"] is True
 
+    def test_denoise_auto(self, tmp_path, capsys, particles):
+        from invariant_cluster import DihedralPCA, class_averages
+
+        _, noisy, path = particles
+        out = tmp_path / "a"
+        proc = call(capsys, "class-averages", path, "--rotation-center", "geometric",
+                    "--denoise", "auto", "--n-neighbors", 5, "--n-rotations", 8,
+                    "--device", "cpu", "--out", out)
+        assert proc.returncode == 0, proc.stderr
+        ref = class_averages(noisy, n_neighbors=5, n_rotations=8,
+                             denoise=DihedralPCA("auto"), device="cpu")
+        np.testing.assert_allclose(self._averages(out), ref, atol=1e-5)
+        info = json.loads((out / "class_averages.json").read_text())
+        assert info["denoise"]["n_components"] == "auto"
+
     @pytest.mark.parametrize("args, fragment", [
         (["--denoise-size", "8"], "--denoise-size"),
         (["--one-step", "--n-clusters", "2"], "--n-clusters"),
         (["--center", "--max-iter", "3"], "--max-iter"),
         (["--one-step", "--n-neighbors", "12"], "--n-neighbors"),
         (["--denoise", "4", "--denoise-size", "40"], "output_size"),
+        (["--denoise", "most"], "--denoise"),
     ])
     def test_errors(self, tmp_path, capsys, particles, args, fragment):
         _, _, path = particles
