@@ -414,6 +414,17 @@ def rel_mse(A, P):
     return float(np.median(((a - p) ** 2).sum(1) / (p ** 2).sum(1)))
 
 
+def _components_kept(den, X, ctf):
+    """How many directions ``den`` (unfitted; class_averages fits a clone) keeps on the images
+    the search sees (phase-flipped with a CTF)."""
+    from sklearn.base import clone
+
+    from invariant_cluster.ctf import phase_flip
+
+    Xs = X if ctf is None else np.asarray(phase_flip(X, ctf))
+    return int(clone(den).fit(Xs).n_components_)
+
+
 def ours_ctf_part(data, args):
     """Ours on the full images against ASPIRE's Cov2D and RIRClass2D (the CTF suite)."""
     from invariant_cluster import DihedralPCA, RadialWiener, class_averages
@@ -481,7 +492,7 @@ def ours_ctf_part(data, args):
             f"output_size={size}), rotation_center={centre!r}"
             f"{', ctf' if has_ctf else ''}, snr={wiener!r}), k={args.k}", avg,
             **neighbour_scores(rots, ind, tau[..., 3].astype(bool)), seconds=seconds,
-            **({"n_components": int(den.n_components_)} if comps == "auto" else {}))
+            **({"n_components": _components_kept(den, X, ctf)} if comps == "auto" else {}))
     return rows
 
 
