@@ -779,18 +779,32 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
 
 def _leiden_count(index, dist, index_means, dist_means, graph, modes, random_state):
     """``n_clusters=None`` with Leiden: resolution 1 on the graph, merged along the means'
-    own communities (see :func:`merge_by_modes`)."""
+    own communities (see :func:`merge_by_modes`); then, as with ``n_clusters`` given, a
+    community under ``_MIN_PART_FRACTION`` of the typical community size is not a cluster and
+    joins the community it is most strongly joined to (:func:`_absorb_tiny_communities`)."""
     if modes is None or index_means is None or index_means.shape[1] == 0:
-        return leiden(_union_graph(index, dist, index_means, dist_means, graph, random_state),
-                      None, random_state)
+        G = _union_graph(index, dist, index_means, dist_means, graph, random_state)
+        return _absorb_tiny_communities(leiden(G, None, random_state), G)
     Gm = _means_graph(index_means, dist_means, random_state)
-    labels = leiden(_union_graph(index, dist, index_means, dist_means, graph, random_state,
-                                 means=Gm), None, random_state)
+    G = _union_graph(index, dist, index_means, dist_means, graph, random_state, means=Gm)
+    labels = leiden(G, None, random_state)
     # on the means' graph alone the communities are those labels already
     coarse = labels if graph == "means" else leiden(Gm, None, random_state)
     # the means' modes AND their graph's communities must both join two communities
     both = np.unique(np.c_[np.asarray(modes), coarse], axis=0, return_inverse=True)[1]
-    return merge_by_modes(labels, both.ravel())
+    return _absorb_tiny_communities(merge_by_modes(labels, both.ravel()), G)
+
+
+def _absorb_tiny_communities(labels: np.ndarray, graph) -> np.ndarray:
+    """``labels`` with the communities under ``_MIN_PART_FRACTION`` of the size of a node's
+    community, on average over the nodes (``sum(size^2) / n``: the tiny communities
+    themselves do not lower it), absorbed (:func:`_absorb_small_parts`)."""
+    labels = np.asarray(labels, dtype=np.int64)
+    if labels.size == 0 or labels.max() < 1:
+        return labels
+    sizes = np.bincount(labels).astype(np.float64)
+    typical = float((sizes ** 2).sum()) / labels.size
+    return _absorb_small_parts(labels, graph, max(1, math.ceil(_MIN_PART_FRACTION * typical)))
 
 
 def vote(labels_fit: np.ndarray, index: np.ndarray) -> np.ndarray:

@@ -365,6 +365,26 @@ def test_leiden_does_not_count_near_copies_as_clusters(monkeypatch, sizes, n_pai
     assert np.bincount(counted).min() <= 2
 
 
+@pytest.mark.parametrize("sizes, n_pairs", [([300, 250, 200, 150], 6), ([900, 400, 150], 3)])
+def test_the_count_does_not_count_near_copies_as_clusters(sizes, n_pairs):
+    import invariant_cluster._grouping as grouping
+
+    # modularity (n_clusters=None) leaves each near-copy pair a community of its own; as with
+    # the count given, a community under 2% of the mean community size joins its neighbour
+    G, block, host = _blocks_with_pairs(sizes, n_pairs, seed=len(sizes))
+    n_b = block.size
+    raw = grouping.leiden(G, None, random_state=0)
+    assert int(raw.max()) + 1 > len(sizes)
+    labels = grouping._absorb_tiny_communities(raw, G)
+    assert int(labels.max()) + 1 == len(sizes)
+    assert adjusted_rand_score(block, labels[:n_b]) == 1.0
+    pair_labels = labels[n_b:].reshape(n_pairs, 2)
+    block_label = np.array([np.bincount(labels[:n_b][block == b]).argmax()
+                            for b in range(len(sizes))])
+    assert np.array_equal(pair_labels[:, 0], block_label[host])
+    assert np.array_equal(pair_labels[:, 1], block_label[host])
+
+
 def test_small_parts_join_their_strongest_neighbour():
     from scipy.sparse import csr_matrix
 
