@@ -447,7 +447,8 @@ def _cryoem_ctf_kind(method):
         centre = "fourier" if "rotation_center='fourier'" in method else "geometric"
         snr = method.rsplit("snr=", 1)[1].split(")")[0]
         kind = {"'auto'": "auto", "None": "plain"}.get(snr, "true")
-        return f"ours_{centre}_{kind}"
+        pca = "_pcaauto" if "DihedralPCA('auto'" in method else ""
+        return f"ours_{centre}_{kind}{pca}"
     return method
 
 
@@ -471,24 +472,30 @@ def table_cryoem_ctf(r):
     avg, nbr = [], []
     for (ctf, s), c in sorted(cells.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
         label = [snr(s), "yes" if ctf else "no"]
+        auto = "ours_fourier_auto_pcaauto"
         avg.append(label + [both(c, k) for k in ("noisy", "cov2d", "filter", "ours_fourier_plain",
-                                                 "ours_fourier_auto", "ours_fourier_true")]
+                                                 "ours_fourier_auto", "ours_fourier_true", auto)]
                    + [get(c, k, "rel_mse", 4) for k in ("cov2d", "ours_fourier_auto")])
         nbr.append(label + [get(c, "rir", "nbr10"), get(c, "ours_fourier_auto", "nbr10"),
                             get(c, "ours_geometric_auto", "nbr10")
                             or get(c, "ours_geometric_plain", "nbr10"),
+                            get(c, auto, "nbr10"), get(c, auto, "n_components", 0),
                             get(c, "cov2d", "seconds", 1), get(c, "rir", "seconds_neighbors", 1),
-                            get(c, "ours_fourier_auto", "seconds", 1)])
+                            get(c, "ours_fourier_auto", "seconds", 1), get(c, auto, "seconds", 1)])
     if not avg:
         return table_generic(r)
     t1 = md_table(["SNR", "CTF", "noisy image", "ASPIRE DenoiserCov2D", "ours: filter alone",
                    "ours: plain mean", "ours: Wiener, snr='auto'", "ours: Wiener, true SNR",
-                   "rel. MSE Cov2D", "rel. MSE ours (auto)"], avg, ["l", "l"] + ["r"] * 8)
+                   "ours: Wiener 'auto', search on DihedralPCA('auto', 32)",
+                   "rel. MSE Cov2D", "rel. MSE ours (auto)"], avg, ["l", "l"] + ["r"] * 9)
     t2 = md_table(["SNR", "CTF", "ASPIRE RIRClass2D", "ours, rotation_center='fourier'",
-                   "ours, 'geometric'", "s Cov2D", "s RIRClass2D", "s ours (search + averages)"],
-                  nbr, ["l", "l"] + ["r"] * 6)
+                   "ours, 'geometric'", "ours, DihedralPCA('auto', 32)", "its components",
+                   "s Cov2D", "s RIRClass2D", "s ours (search + averages)",
+                   "s ours, DihedralPCA('auto', 32)"],
+                  nbr, ["l", "l"] + ["r"] * 9)
     return ("Median correlation / detail correlation (the mean projection removed from both) "
-            "with the projection without CTF, and the median relative squared error:\n\n"
+            "with the projection without CTF, and the median relative squared error. Ours "
+            "search on DihedralPCA(40, output_size=24) unless named:\n\n"
             + t1 + "\n\nShare of the 10 nearest neighbours within 10 degrees of viewing "
             "direction, and seconds on all images:\n\n" + t2)
 
@@ -561,7 +568,7 @@ def _headline_fashion(r):
 def _cryoem_ctf_at_snr1(r, peer):
     """Our class averages' row and the ASPIRE ``peer``'s row at SNR 1 with a CTF."""
     rows = r["rows"]
-    m = "ours: class_averages(72 angles, mirrors, DihedralPCA(40, output_size=24), "
+    m = "ours: class_averages(72 angles, mirrors, DihedralPCA('auto', output_size=32), "
     ours = _row(rows, snr=1.0, ctf=True,
                 method=m + "rotation_center='fourier', ctf, snr='auto'), k=10")
     theirs = next(x for x in rows if x["snr"] == 1.0 and x["ctf"]
