@@ -79,8 +79,10 @@ The CTF suite (``--suite ctf``, ``benchmarks/results/cryoem_ctf.json``) compares
 ``L x L`` images (no crop) with and without a CTF (``--ctf no yes``):
 
 - data: the same volume; with CTF, 7 defocus groups from 1.5 to 2.5 um (ASPIRE's
-  ``RadialCTFFilter``, 200 kV, Cs 2.0 mm, amplitude contrast 0.1, pixel 5 A), no offsets;
-  every score is against the projections WITHOUT the CTF (``Simulation.projections``);
+  ``RadialCTFFilter``, 200 kV, Cs 2.0 mm, amplitude contrast 0.1, pixel 5 A); offsets of 0 or
+  uniform within +-``--ctf-shift`` px (then ours search shifts within that range, each copy
+  centred first: ``max_translation``, ``center=True``); every score is against the projections
+  WITHOUT the CTF (``Simulation.projections``, shifted as the images are);
 - ASPIRE: ``DenoiserCov2D`` (covariance Wiener filter on an ``FFBBasis2D``, given the true
   noise variance; no alignment), and ``RIRClass2D``'s neighbours (on ASPIRE's phase-flipped
   images when there is a CTF);
@@ -371,12 +373,18 @@ def aspire_ctf_part(args):
     vol = AsymmetricVolume(L=L, C=1, seed=0, dtype=np.float64).generate()
     filters = ([RadialCTFFilter(defocus=d * 1e4, **CTF_KW) for d in DEFOCUS_UM]
                if args.ctf_one else None)
-    sim = Simulation(L=L, n=n, vols=vol, offsets=0, amplitudes=1, seed=0, dtype=np.float64,
-                     unique_filters=filters, pixel_size=PIXEL_SIZE,
+    shift = float(args.shift_one or 0.0)
+    # offsets as the aspire-classes suite draws them
+    offsets = (np.random.default_rng(1).uniform(-shift, shift, (n, 2)) if shift > 0 else 0)
+    sim = Simulation(L=L, n=n, vols=vol, offsets=offsets, amplitudes=1, seed=0,
+                     dtype=np.float64, unique_filters=filters, pixel_size=PIXEL_SIZE,
                      noise_adder=WhiteNoiseAdder.from_snr(args.snr, seed=2))
     noisy = sim.images[:].asnumpy()
     clean = sim.clean_images[:].asnumpy()
-    proj = sim.projections[:].asnumpy()
+    # the projections without CTF, shifted as the images are (ASPIRE shifts its clean images
+    # by the simulation's offsets the same way)
+    proj = sim.projections[:]
+    proj = (proj.shift(np.asarray(sim.offsets)) if shift > 0 else proj).asnumpy()
     noise_var = float(sim.noise_adder.noise_var)
     defocus = (np.array([DEFOCUS_UM[i] * 1e4 for i in sim.filter_indices])
                if args.ctf_one else np.zeros(n))
@@ -403,7 +411,8 @@ def aspire_ctf_part(args):
              defocus=defocus, noise_var=noise_var, cov2d=denoised.astype(np.float32),
              classes=np.asarray(classes), reflections=np.asarray(refl, dtype=bool),
              seconds_cov2d=t_cov, seconds_classify=t_classify, n_avg=m,
-             aspire_version=aspire.__version__, snr=args.snr, ctf=bool(args.ctf_one))
+             aspire_version=aspire.__version__, snr=args.snr, ctf=bool(args.ctf_one),
+             shift=shift)
     print(f"ASPIRE {aspire.__version__}: Cov2D {t_cov:.1f} s, classify {t_classify:.1f} s "
           f"-> {out}", flush=True)
 
@@ -432,6 +441,8 @@ def ours_ctf_part(data, args):
 
     has_ctf = bool(data["ctf"])
     snr = float(data["snr"])
+    # offsets: the search covers them (as the aspire-classes suite's "-center" methods)
+    shift = float(data["shift"]) if "shift" in data else 0.0
     # ASPIRE's contrast is the raw micrograph's (its CTF is minus RELION's): ours get -images
     X = -data["noisy"] if has_ctf else data["noisy"]
     P = data["projections"]
@@ -445,7 +456,7 @@ def ours_ctf_part(data, args):
     rows = []
 
     def row(method, avg=None, **kw):
-        r = {"snr": snr, "ctf": has_ctf, "L": L, "method": method, **kw}
+        r = {"snr": snr, "ctf": has_ctf, "L": L, "shift": shift, "method": method, **kw}
         if avg is not None:
             r.update(average_scores(avg, P, m, blob), rel_mse=rel_mse(avg[:m], P[:m]))
         r["load_average"] = os.getloadavg()[0]
@@ -486,10 +497,11 @@ def ours_ctf_part(data, args):
         avg, ind, tau = class_averages(
             X, n_neighbors=args.k, n_rotations=72, reflection=True, refine=args.refine,
             ctf=ctf, snr=wiener, rotation_center=centre, return_alignments=True, device="cpu",
-            denoise=den)
+            denoise=den, max_translation=shift, center=shift > 0)
         seconds = time.perf_counter() - t0
         row(f"ours: class_averages(72 angles, mirrors, DihedralPCA({comps!r}, "
             f"output_size={size}), rotation_center={centre!r}"
+            f"{f', max_translation={shift:g}, center=True' if shift > 0 else ''}"
             f"{', ctf' if has_ctf else ''}, snr={wiener!r}), k={args.k}", avg,
             **neighbour_scores(rots, ind, tau[..., 3].astype(bool)), seconds=seconds,
             **({"n_components": _components_kept(den, X, ctf)} if comps == "auto" else {}))
@@ -511,25 +523,26 @@ def run_ctf_suite(args, p, env, workdir):
                 "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "rows": rows}
 
     cols = ["snr", "ctf", "method", "nbr10", "corr", "corr_detail", "rel_mse", "seconds"]
-    for has_ctf in args.ctf:
-        for snr in args.snr:
-            npz = workdir / f"ctf{int(has_ctf)}_{_tag(snr, 0, args.n)}_L{args.L}.npz"
-            if not args.skip_aspire and not (npz.exists() and not args.force_aspire):
-                if not args.aspire_python:
-                    p.error("--aspire-python (or $ASPIRE_PYTHON) is required to run ASPIRE")
-                workdir.mkdir(parents=True, exist_ok=True)
-                subprocess.run([args.aspire_python, str(Path(__file__).resolve()), "--part",
-                                "aspire-ctf", "--snr-one", repr(snr), "--ctf-one",
-                                str(int(has_ctf)), "--n", str(args.n), "--L", str(args.L),
-                                "--n-avg", str(args.n_avg), "--k", str(args.k), "--out",
-                                str(npz)], check=True, env=env, cwd=workdir)
-            with np.load(npz) as f:
-                data = {key: f[key] for key in f.files}
-            versions.add(str(data["aspire_version"]))
-            new = ours_ctf_part(data, args)
-            print_table(new, cols)
-            rows.extend(new)
-            write_json(summary(), out)
+    for has_ctf, shift, snr in ((c, s, r) for c in args.ctf for s in args.ctf_shift
+                                for r in args.snr):
+        npz = workdir / f"ctf{int(has_ctf)}_{_tag(snr, shift, args.n)}_L{args.L}.npz"
+        if not args.skip_aspire and not (npz.exists() and not args.force_aspire):
+            if not args.aspire_python:
+                p.error("--aspire-python (or $ASPIRE_PYTHON) is required to run ASPIRE")
+            workdir.mkdir(parents=True, exist_ok=True)
+            subprocess.run([args.aspire_python, str(Path(__file__).resolve()), "--part",
+                            "aspire-ctf", "--snr-one", repr(snr), "--ctf-one",
+                            str(int(has_ctf)), "--shift-one", repr(shift),
+                            "--n", str(args.n), "--L", str(args.L),
+                            "--n-avg", str(args.n_avg), "--k", str(args.k), "--out",
+                            str(npz)], check=True, env=env, cwd=workdir)
+        with np.load(npz) as f:
+            data = {key: f[key] for key in f.files}
+        versions.add(str(data["aspire_version"]))
+        new = ours_ctf_part(data, args)
+        print_table(new, cols)
+        rows.extend(new)
+        write_json(summary(), out)
     print()
     print_table(rows, cols)
     write_json(summary(), out)
@@ -543,6 +556,8 @@ def main(argv=None):
                         "images (cryoem_ctf.json)")
     p.add_argument("--ctf", type=lambda t: t == "yes", nargs="+", default=[False, True],
                    metavar="no|yes", help="the CTF suite's settings (default: no yes)")
+    p.add_argument("--ctf-shift", type=float, nargs="+", default=[0.0], metavar="PX",
+                   help="the CTF suite's offsets: uniform within +-PX pixels (default 0)")
     p.add_argument("--centres", nargs="+", default=["fourier", "geometric"],
                    choices=["fourier", "geometric"],
                    help="the CTF suite's rotation centres for our search")
