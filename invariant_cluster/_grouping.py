@@ -782,17 +782,17 @@ def _leiden_count(index, dist, index_means, dist_means, graph, modes, random_sta
     own communities (see :func:`merge_by_modes`); then, as with ``n_clusters`` given, a
     community under ``_MIN_PART_FRACTION`` of the typical community size is not a cluster and
     joins the community it is most strongly joined to (:func:`_absorb_tiny_communities`)."""
-    if modes is None or index_means is None or index_means.shape[1] == 0:
-        G = _union_graph(index, dist, index_means, dist_means, graph, random_state)
-        return _absorb_tiny_communities(leiden(G, None, random_state), G)
-    Gm = _means_graph(index_means, dist_means, random_state)
+    merge = not (modes is None or index_means is None or index_means.shape[1] == 0)
+    Gm = _means_graph(index_means, dist_means, random_state) if merge else None
     G = _union_graph(index, dist, index_means, dist_means, graph, random_state, means=Gm)
     labels = leiden(G, None, random_state)
-    # on the means' graph alone the communities are those labels already
-    coarse = labels if graph == "means" else leiden(Gm, None, random_state)
-    # the means' modes AND their graph's communities must both join two communities
-    both = np.unique(np.c_[np.asarray(modes), coarse], axis=0, return_inverse=True)[1]
-    return _absorb_tiny_communities(merge_by_modes(labels, both.ravel()), G)
+    if merge:
+        # on the means' graph alone the communities are those labels already
+        coarse = labels if graph == "means" else leiden(Gm, None, random_state)
+        # the means' modes AND their graph's communities must both join two communities
+        both = np.unique(np.c_[np.asarray(modes), coarse], axis=0, return_inverse=True)[1]
+        labels = merge_by_modes(labels, both.ravel())
+    return _absorb_tiny_communities(labels, G)
 
 
 def _absorb_tiny_communities(labels: np.ndarray, graph) -> np.ndarray:

@@ -583,13 +583,12 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                     pick = np.random.default_rng(seed).choice(n, DECIDE_ROWS, replace=False)
                     rows = torch.as_tensor(np.sort(pick), device=M.device)
                 # for the count's means' graph (count_groups), every searched edge is kept
-                every = count_means
                 Dm, idx_mt, _ = candidate_search(M if rows is own else M[rows], M,
                                                  two_hop_candidates(idx, rows), grid,
-                                                 k=None if every else k,
+                                                 k=None if count_means else k,
                                                  batch_size=self.batch_size,
                                                  client=self.client, exclude=rows)
-                if every:
+                if count_means:
                     means_edges = (idx_mt.cpu().numpy(), _finite_dist(Dm))
                     Dm, idx_mt = Dm[:, :k], idx_mt[:, :k]
                 idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)

@@ -249,7 +249,7 @@ class DihedralPCA(ImageInputMixin, TransformerMixin, BaseEstimator):
                     "remain, or give a number")
             vals, vecs = scipy.linalg.eigh(C)
             vals, vecs = vals[::-1], vecs[:, ::-1]
-            r, top = max(1, min(_hard_threshold_rank(vals, n), f)), f
+            r, top = max(1, _hard_threshold_rank(vals, n)), f
         else:
             r = min(int(self.n_components), f)
             top = min(r + 1, f)
