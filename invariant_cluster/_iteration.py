@@ -53,6 +53,19 @@ def _aligned_keys(keys, rows, idx, P):
     return torch.cat([own, warped.reshape(b, k, -1)], 1)
 
 
+def _gram_distances(G, c):
+    """``||m - key_j||`` for ``m = c^T keys``, from the keys' Gram matrix ``G`` ``(b, K, K)``
+    and the coefficients ``c`` ``(b, K)``: ``(b, K)``."""
+    Gc = torch.bmm(G, c[:, :, None])[..., 0]
+    msq = (c * Gc).sum(1, keepdim=True)
+    return (msq - 2.0 * Gc + torch.diagonal(G, dim1=1, dim2=2)).clamp(min=0).sqrt()
+
+
+def _gram_norm(G, c):
+    """``||c^T keys||`` from the keys' Gram matrix ``G``: ``(b,)``."""
+    return (c * torch.bmm(G, c[:, :, None])[..., 0]).sum(1).clamp(min=0).sqrt()
+
+
 def iterate_attention(Xt, idx, P, rho, sigma, bandwidth, *, update="fixed", max_iter, tol,
                       batch_size=None, counts=None):
     """:func:`mean_shift` then :func:`attend_means` (``update="fixed"``), or
@@ -90,34 +103,36 @@ def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=N
     rows_per = _rows_per_block(n, k, nf, Xt.element_size(), batch_size, Xt.device)
     M = Xt.reshape(n, nf).clone()
     W = Xt.new_zeros((n, k + 1))
-    moves = Xt.new_zeros(max(max_iter, 1))
+    moves = Xt.new_zeros(max(max_iter, 1), dtype=torch.float64)
     done = 0
     # the bar counts the rows that stopped moving (they leave the batch at each check)
     bar = progress_bar(n, "attention iteration", "row")
     for r0 in range(0, n, rows_per):
         rows = torch.arange(r0, min(n, r0 + rows_per), device=Xt.device)
         keys = _aligned_keys(Xt, rows, idx[rows], P[rows])
-        # ||m - key||^2 = ||m||^2 - 2 <m, key> + ||key||^2: one batched product per step
-        ksq = (keys * keys).sum(2)
-        m = keys[:, 0].clone()
+        # A mean is a convex combination m = c^T keys of its row's keys, so the iteration runs
+        # on the coefficients c and the keys' Gram matrix G (one batched product per block):
+        # <m, key_j> = (G c)_j and ||m||^2 = c^T G c. A step costs (k + 1)^2 instead of
+        # 2 (k + 1) F multiply-adds; the (k + 1) x (k + 1) algebra is in float64.
+        G = torch.bmm(keys, keys.transpose(1, 2)).to(torch.float64)
         s, r = sigma[rows], rho[rows]
         lc = _log_counts(counts, rows, idx[rows])
+        c = G.new_zeros((len(rows), k + 1))
+        c[:, 0] = 1.0  # each mean starts at its own sample
         # rows still moving: at each check, the rows whose last step was below tol are done
         # and leave the batch (they keep their mean), so late iterations cost little
         act = torch.arange(len(rows), device=Xt.device)
-        ka, kq, sa, ra, ma, la = keys, ksq, s, r, m.clone(), lc
+        Ga, sa, ra, ca, la = G, s, r, c.clone(), lc
         it = stopped = 0
         while it < max_iter:
-            mk = torch.bmm(ka, ma[:, :, None])[..., 0]
-            d = ((ma * ma).sum(1, keepdim=True) - 2.0 * mk + kq).clamp(min=0).sqrt()
-            w = attention_weights(d, ra, sa, bandwidth, la)
-            new = torch.bmm(w[:, None].to(ka.dtype), ka)[:, 0]
-            step = torch.linalg.vector_norm(new - ma, dim=1) / sa
+            w = attention_weights(_gram_distances(Ga, ca), ra, sa, bandwidth, la)
+            delta = w - ca
+            step = _gram_norm(Ga, delta) / sa
             moves[it] = torch.maximum(moves[it], step.max())
-            ma = new
+            ca = w
             it += 1
             if it % _CHECK_EVERY == 0:
-                m[act] = ma
+                c[act] = ca
                 keep = step >= tol
                 n_moving = int(keep.sum())
                 bar.update(len(act) - n_moving)
@@ -125,13 +140,12 @@ def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=N
                 bar.set_postfix_str(f"iteration {it}, {n_moving} rows of the block moving")
                 if not n_moving:
                     break
-                act, ka, kq, sa, ra, ma = (t[keep] for t in (act, ka, kq, sa, ra, ma))
+                act, Ga, sa, ra, ca = (t[keep] for t in (act, Ga, sa, ra, ca))
                 la = None if la is None else la[keep]
         bar.update(len(rows) - stopped)  # the rows still moving when max_iter stopped them
-        m[act] = ma
-        d = torch.linalg.vector_norm(m[:, None] - keys, dim=2)
-        W[rows] = attention_weights(d, r, s, bandwidth, lc)
-        M[rows] = m
+        c[act] = ca
+        W[rows] = attention_weights(_gram_distances(G, c), r, s, bandwidth, lc).to(W.dtype)
+        M[rows] = torch.bmm(c[:, None].to(keys.dtype), keys)[:, 0]
         done = max(done, it)
     bar.close()
     history = moves[:done].cpu().tolist()

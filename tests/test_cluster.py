@@ -283,6 +283,41 @@ class TestPlainKernelAttentionReference:
         assert est.n_iter_ == n_iter
         np.testing.assert_allclose(est.invariant_means_, M, atol=1e-6)
 
+    @pytest.mark.parametrize("with_counts", [False, True])
+    def test_fixed_mean_shift_of_aligned_keys_matches_float64_vectors(self, with_counts):
+        # the iteration runs on each row's coefficients and its keys' Gram matrix; the
+        # reference moves the mean itself, in float64, over keys warped by kornia
+        from invariant_cluster._iteration import mean_shift
+        from invariant_cluster.transforms import warp_se2
+
+        g = torch.Generator().manual_seed(4)
+        n, k, steps = 30, 6, 12
+        X = torch.rand(n, 1, 12, 12, generator=g)
+        idx = torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(n)])
+        P = torch.cat([torch.rand(n, k, 1, generator=g) * 60 - 30,
+                       torch.rand(n, k, 2, generator=g) * 2 - 1], 2)
+        rho = 1.0 + 0.5 * torch.rand(n, generator=g)
+        sigma = 0.3 + 0.5 * torch.rand(n, generator=g)
+        counts = torch.randint(1, 4, (n,), generator=g).float() if with_counts else None
+        M, W, history, _ = mean_shift(X, idx, P, rho, sigma, "auto", max_iter=steps, tol=0.0,
+                                      counts=counts)
+        assert len(history) == steps
+        X64 = X.double()
+        for i in range(n):
+            keys = torch.cat([X64[i:i + 1], warp_se2(X64[idx[i]], P[i].double())]).reshape(
+                k + 1, -1)
+            logc = (torch.zeros(k + 1, dtype=torch.float64) if counts is None else
+                    torch.log(counts[torch.cat([torch.tensor([i]), idx[i]])].double()))
+            m = keys[0]
+            for _ in range(steps):
+                d = torch.linalg.vector_norm(m - keys, dim=1)
+                w = torch.softmax(-(d - rho[i]).clamp(min=0) / sigma[i] + logc, 0)
+                m = w @ keys
+            d = torch.linalg.vector_norm(m - keys, dim=1)
+            w = torch.softmax(-(d - rho[i]).clamp(min=0) / sigma[i] + logc, 0)
+            np.testing.assert_allclose(M[i].reshape(-1).numpy(), m.numpy(), atol=1e-5)
+            np.testing.assert_allclose(W[i].numpy(), w.numpy(), atol=1e-5)
+
     def test_fixed_mean_shift_ascends_the_density(self):
         # mean shift with fixed keys is a monotone ascent of the kernel density
         X = np.random.default_rng(11).random((12, 5))
