@@ -40,8 +40,9 @@ def invariant_mean_tensor(X: torch.Tensor, w: torch.Tensor, grid, *, init=None, 
         # warp the one mean rather than all samples (R warps instead of n R): the best grid
         # point of mu onto x_j, inverted, starts the refinement of x_j onto mu
         _, p = grid_search(X, mu[None], grid, batch_size=batch_size)
-        p = invert_se2(p[:, 0])
-        _, params = refine_alignments(mu.expand(n, *mu.shape), X, p, grid)
+        params = invert_se2(p[:, 0])
+        if grid.refine:  # (without it, refine_alignments would only warp to measure)
+            _, params = refine_alignments(mu.expand(n, *mu.shape), X, params, grid)
         new = (w[:, None, None, None] * fast_warp(X, params)).sum(0)
         move = float(torch.linalg.vector_norm(new - mu))
         scale = float(torch.linalg.vector_norm(new)) or 1.0

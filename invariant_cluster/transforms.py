@@ -392,10 +392,14 @@ def sampling_grid(params: torch.Tensor, height: int, width: int) -> torch.Tensor
     (or E(2), ``(B, 4)`` with the mirror bit).
 
     Maintenance note: this is the inverse map of :func:`se2_matrices` (destination ``u`` ->
-    source ``R^-1 (u - c - t) + c``) folded with the normalisation into one ``(B, 2, 3)`` matrix,
-    then applied to all pixels as ONE ``(HW, 3) @ (3, 2B)`` product. kornia's ``warp_affine``
-    (like ``F.affine_grid``) does a batched ``3 x 3`` product per image, which costs ~90% of a
-    small-image warp on CPU; ``tests/test_alignment.py`` pins this path to kornia's.
+    source ``R^-1 (u - c - t) + c``) folded with the normalisation into one ``2 x 3`` matrix per
+    image, then applied to all pixels as ONE ``(B, 6) @ (6, 2 HW)`` product whose result is the
+    grid in ``grid_sample``'s own layout (contiguous ``(B, H, W, 2)``; the ``6 x 2 HW`` operand
+    holds the pixel coordinates twice, interleaved with zeros, so each output sums the same
+    three products as a ``2 x 3`` matrix would). kornia's ``warp_affine`` (like
+    ``F.affine_grid``) does a batched ``3 x 3`` product per image, which costs ~90% of a
+    small-image warp on CPU, and a grid in another layout makes ``grid_sample`` about 1.6 times
+    slower on the CPU; ``tests/test_alignment.py`` pins this path to kornia's.
     """
     dtype, device = params.dtype, params.device
     n = params.shape[0]
@@ -405,17 +409,19 @@ def sampling_grid(params: torch.Tensor, height: int, width: int) -> torch.Tensor
     ox, oy = cx + params[:, 1], cy + params[:, 2]
     bx = (-cos * ox + sin * oy + cx) * sx - 1.0
     by = (-sin * ox - cos * oy + cy) * sy - 1.0
-    theta = torch.stack([torch.stack([cos * sx, -sin * sx, bx], 0),
-                         torch.stack([sin * sy, cos * sy, by], 0)], 1)  # (3, 2, B)
-    ys, xs = torch.meshgrid(torch.arange(height, dtype=dtype, device=device),
-                            torch.arange(width, dtype=dtype, device=device), indexing="ij")
-    base = torch.stack([xs.reshape(-1), ys.reshape(-1), torch.ones_like(xs).reshape(-1)], 1)
+    theta = torch.stack([cos * sx, -sin * sx, bx, sin * sy, cos * sy, by], 1)  # (B, 6)
     if params.shape[-1] == 4:
         # the mirror acts first on the source, x -> 2 cx - x: in grid_sample's coordinates
         # (centre at 0) it is the sign of the source's x row
-        theta[:, 0] = theta[:, 0] * (1.0 - 2.0 * params[:, 3])
-    grid = base @ theta.permute(0, 2, 1).reshape(3, n * 2)  # (HW, B * 2)
-    return grid.reshape(height, width, n, 2).permute(2, 0, 1, 3)
+        theta[:, :3] = theta[:, :3] * (1.0 - 2.0 * params[:, 3:4])
+    ys, xs = torch.meshgrid(torch.arange(height, dtype=dtype, device=device),
+                            torch.arange(width, dtype=dtype, device=device), indexing="ij")
+    base = torch.stack([xs.reshape(-1), ys.reshape(-1), torch.ones_like(xs).reshape(-1)], 0)
+    # row (c, k) of the operand: coordinate k of every pixel in output channel c, 0 in the other
+    operand = torch.zeros((2, 3, height * width, 2), dtype=dtype, device=device)
+    operand[0, :, :, 0] = base
+    operand[1, :, :, 1] = base
+    return (theta @ operand.reshape(6, -1)).view(n, height, width, 2)
 
 
 def fast_warp(images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:

@@ -147,7 +147,8 @@ def _fill_warps(Y: torch.Tensor, angles: torch.Tensor, pad: int, reflection: boo
         Y = F.pad(Y, (pad, pad, pad, pad))
     n, c, h, w = Y.shape
     R = angles.shape[0]
-    sampled, derived = _warp_plan(angles.tolist(), h == w, reflection)
+    ang = angles.tolist()
+    sampled, derived = _warp_plan(ang, h == w, reflection)
     step = -(-R // _WARP_ANGLE_CHUNKS)
     p = torch.zeros((R, 3), dtype=Y.dtype, device=Y.device)
     p[:, 0] = angles.to(Y.dtype)
@@ -155,15 +156,15 @@ def _fill_warps(Y: torch.Tensor, angles: torch.Tensor, pad: int, reflection: boo
     for half, src in enumerate([Y, Y.flip(-1)] if reflection else [Y]):
         rows = [r - half * R for r in sampled if half * R <= r < (half + 1) * R]
         flat = src.reshape(1, n * c, h, w)
+        for r in rows:
+            if ang[r] == 0.0:  # the identity is the key itself, exactly (not sampled)
+                put([half * R + r], src.reshape(1, n, c * h * w))
+        rows = [r for r in rows if ang[r] != 0.0]
         for i0 in range(0, len(rows), step):
             chunk = rows[i0:i0 + step]
             idx = torch.as_tensor(chunk, device=Y.device)
             warped = sample_images(flat.expand(len(chunk), -1, -1, -1), grid[idx])
-            warped = warped.reshape(len(chunk), n, c * h * w)
-            for t, r in enumerate(chunk):
-                if float(angles[r]) == 0.0:  # the identity is the key itself, exactly
-                    warped[t] = src.reshape(n, c * h * w)
-            put([half * R + r for r in chunk], warped)
+            put([half * R + r for r in chunk], warped.reshape(len(chunk), n, c * h * w))
     for row, src_row, k, flip in derived:
         z = get(src_row).reshape(n, c, h, w)
         z = z.flip(-1) if flip else torch.rot90(z, k, (-2, -1))
