@@ -35,16 +35,19 @@ from .blocked import check_descriptors, shortlist
 __all__ = ["approximate_shortlist"]
 
 # Maintenance note: an inverted file of about 2 sqrt(N) cells for N key copies, 8 of them
-# searched per query copy, each query copy asking for about 9 m / U key copies. Measured on
+# searched per query copy, each query copy asking for about 6 m / U key copies. Measured on
 # Fashion-MNIST (+-15 degrees, 7 angles, +-1 px: 9 query copies, 3 key copies, m = 96) against
 # the exact descriptor shortlist and pynndescent's graph, and against faiss's HNSW, whose
 # multi-threaded build is not reproducible: benchmarks/bench_shortlist.py,
-# results/shortlist_faiss.json. Half the entries (4.5 m / U) cap the recall near 0.92 even
-# with every cell searched: the copies of a query find the same keys. The cells searched
+# results/shortlist_faiss.json. The entries per query copy: 6 m / U recall the same share of
+# the exact invariant top-15 as 9 m / U after the pass over the neighbours' neighbours
+# (0.992, 0.983, 0.954 against 0.992, 0.983, 0.953 at 10,000, 20,000 and 70,000 images) in 0.9,
+# 0.9 and 0.8 of the shortlist's time: benchmarks/bench_shortlist_entries.py,
+# results/shortlist_entries.json. The cells searched
 # hold at least about _MIN_SCANNED key copies: a small index (tests) is searched more widely,
 # which unstructured data needs (Gaussian noise, d = 16, 1,500 copies in 38 cells: 8 cells
 # recalled 0.84 of the exact top-10, 26 cells 0.997).
-_ENTRIES_PER_CANDIDATE = 9.0
+_ENTRIES_PER_CANDIDATE = 6.0
 _CELLS_PER_SQRT = 2.0
 _PROBES = 8
 _MIN_SCANNED = 1024
@@ -107,11 +110,10 @@ def _reduce(D, Ind, U, V, m, exclude):
     (``D``, ``Ind`` of shape ``(b U, kq)``, -1 where missing), nearest first; -1 where fewer."""
     b = D.shape[0] // U
     key = torch.div(Ind.reshape(b, -1), V, rounding_mode="floor")  # -1 stays -1
-    dist = D.reshape(b, -1).clone()
     bad = key < 0
     if exclude is not None:
         bad |= key == exclude[:, None]
-    dist[bad] = math.inf
+    dist = torch.where(bad, math.inf, D.reshape(b, -1))
     # nearest first (stable: ties keep faiss's order), then each key's first entry
     dist, order = torch.sort(dist, dim=1, stable=True)
     key = key.gather(1, order)
@@ -120,8 +122,10 @@ def _reduce(D, Ind, U, V, m, exclude):
     first[:, 1:] = by_key[:, 1:] != by_key[:, :-1]
     first &= torch.isfinite(dist.gather(1, pos))
     width = key.shape[1]
-    rank = torch.where(first, pos, torch.full_like(pos, width))
-    rank = rank.sort(1).values[:, :m]
+    # the m first entries in distance order: the m smallest positions (distinct, so topk's
+    # sorted prefix is the full sort's)
+    rank = torch.where(first, pos, width)
+    rank = rank.topk(min(m, width), dim=1, largest=False, sorted=True).values
     if rank.shape[1] < m:
         rank = torch.cat([rank, rank.new_full((b, m - rank.shape[1]), width)], 1)
     found = rank < width
@@ -129,7 +133,8 @@ def _reduce(D, Ind, U, V, m, exclude):
 
 
 def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *,
-                          exclude=None, random_state=0, batch_size=None) -> torch.Tensor:
+                          exclude=None, random_state=0, batch_size=None,
+                          entries_per_candidate=None) -> torch.Tensor:
     """:func:`~invariant_cluster.search.blocked.shortlist` by an approximate index search.
 
     Parameters
@@ -147,6 +152,9 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
         Seeds the k-means of faiss's inverted file.
     batch_size : int, optional
         Queries per block of the exact fallback.
+    entries_per_candidate : float, optional
+        The index returns about ``entries_per_candidate * n_candidates / U`` key copies per
+        query copy (None: the module's ``_ENTRIES_PER_CANDIDATE``, see its note).
 
     Returns
     -------
@@ -159,7 +167,12 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
     device = Xd.device
     n_index = n_y * V
     # entries per query copy: ~9 m per query over its U copies (at most 2 m per copy)
-    kq = int(max(1, min(n_index, 2 * m, math.ceil(_ENTRIES_PER_CANDIDATE * m / U))))
+    per = _ENTRIES_PER_CANDIDATE if entries_per_candidate is None else float(
+        entries_per_candidate)
+    if not (math.isfinite(per) and per > 0):
+        raise ValueError(f"entries_per_candidate: expected a positive number, got "
+                         f"{entries_per_candidate!r}")
+    kq = int(max(1, min(n_index, 2 * m, math.ceil(per * m / U))))
     keys = np.ascontiguousarray(Yd.reshape(n_index, d).detach().cpu().numpy(), np.float32)
     queries = np.ascontiguousarray(Xd.reshape(n_x * U, d).detach().cpu().numpy(), np.float32)
     ex = None if exclude is None else exclude.cpu().long()
