@@ -103,8 +103,9 @@ def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=N
     rows_per = _rows_per_block(n, k, nf, Xt.element_size(), batch_size, Xt.device)
     M = Xt.reshape(n, nf).clone()
     W = Xt.new_zeros((n, k + 1))
-    moves = Xt.new_zeros(max(max_iter, 1),
-                         dtype=Xt.dtype if Xt.device.type == "mps" else torch.float64)
+    # the (k + 1) x (k + 1) algebra below is in float64 where the device has it (not MPS)
+    small = Xt.dtype if Xt.device.type == "mps" else torch.float64
+    moves = Xt.new_zeros(max(max_iter, 1), dtype=small)
     done = 0
     # the bar counts the rows that stopped moving (they leave the batch at each check)
     bar = progress_bar(n, "attention iteration", "row")
@@ -114,10 +115,8 @@ def mean_shift(Xt, idx, P, rho, sigma, bandwidth, *, max_iter, tol, batch_size=N
         # A mean is a convex combination m = c^T keys of its row's keys, so the iteration runs
         # on the coefficients c and the keys' Gram matrix G (one batched product per block):
         # <m, key_j> = (G c)_j and ||m||^2 = c^T G c. A step costs (k + 1)^2 instead of
-        # 2 (k + 1) F multiply-adds; the (k + 1) x (k + 1) algebra is in float64 (where the
-        # device has it: not on Apple's MPS).
-        G = torch.bmm(keys, keys.transpose(1, 2))
-        G = G if G.device.type == "mps" else G.to(torch.float64)
+        # 2 (k + 1) F multiply-adds.
+        G = torch.bmm(keys, keys.transpose(1, 2)).to(small)
         s, r = sigma[rows], rho[rows]
         lc = _log_counts(counts, rows, idx[rows])
         c = G.new_zeros((len(rows), k + 1))

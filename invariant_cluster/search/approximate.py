@@ -166,7 +166,8 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
     n_y, V = Yd.shape[:2]
     device = Xd.device
     n_index = n_y * V
-    # entries per query copy: ~9 m per query over its U copies (at most 2 m per copy)
+    # entries per query copy: about per * m per query, spread over its U copies (at most 2 m
+    # per copy)
     per = _ENTRIES_PER_CANDIDATE if entries_per_candidate is None else float(
         entries_per_candidate)
     if not (math.isfinite(per) and per > 0):
