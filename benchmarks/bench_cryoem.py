@@ -404,17 +404,28 @@ def aspire_ctf_part(args):
     classes, refl, _ = clf.classify()
     t_classify = time.perf_counter() - t0
 
+    # ASPIRE's class averages: DefaultClassAvgSource's classifier (RIRClass2D) and averager
+    # (BFTAverager2D), on the images the classifier saw (phase-flipped with a CTF), for the
+    # first m images' own classes (DefaultClassAvgSource would select classes instead)
+    from aspire.classification import BFTAverager2D
+
+    t0 = time.perf_counter()
+    averager = BFTAverager2D(clf.pca_basis.basis, src, dtype=np.float64)
+    avgs = averager.average(classes[:m], refl[:m]).asnumpy().astype(np.float32)
+    t_avg = time.perf_counter() - t0
+
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     np.savez(out, noisy=noisy.astype(np.float32), clean=clean.astype(np.float32),
              projections=proj.astype(np.float32), rotations=np.asarray(sim.rotations),
              defocus=defocus, noise_var=noise_var, cov2d=denoised.astype(np.float32),
              classes=np.asarray(classes), reflections=np.asarray(refl, dtype=bool),
+             averages=avgs, seconds_average=t_avg,
              seconds_cov2d=t_cov, seconds_classify=t_classify, n_avg=m,
              aspire_version=aspire.__version__, snr=args.snr, ctf=bool(args.ctf_one),
              shift=shift)
-    print(f"ASPIRE {aspire.__version__}: Cov2D {t_cov:.1f} s, classify {t_classify:.1f} s "
-          f"-> {out}", flush=True)
+    print(f"ASPIRE {aspire.__version__}: Cov2D {t_cov:.1f} s, classify {t_classify:.1f} s, "
+          f"averages of {m} classes {t_avg:.1f} s -> {out}", flush=True)
 
 
 def rel_mse(A, P):
@@ -469,6 +480,12 @@ def ours_ctf_part(data, args):
     row("ASPIRE RIRClass2D neighbours" + (" (phase-flipped)" if has_ctf else ""),
         **neighbour_scores(rots, data["classes"][:, 1:], refl[:, 1:]),
         seconds_neighbors=float(data["seconds_classify"]))
+    if "averages" in data:
+        # the first m images' class averages (no CTF correction: the averager sees the
+        # classifier's images, phase-flipped with a CTF); seconds scaled to all n images
+        row("ASPIRE RIRClass2D + BFTAverager2D (DefaultClassAvgSource's classifier and "
+            "averager" + (", phase-flipped images)" if has_ctf else ")"), data["averages"],
+            seconds=float(data["seconds_classify"]) + float(data["seconds_average"]) * n / m)
 
     # our filter alone, no alignment (a control)
     t0 = time.perf_counter()
