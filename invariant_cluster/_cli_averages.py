@@ -16,8 +16,8 @@ from ._cli_support import (
 )
 
 STAR_OUT = "particles.star"
-# the result columns written after the input's: class, then the transformation that takes the
-# class average to the particle, then the mirror bit
+# the result columns written after the input's: class, then RELION's in-plane transformation
+# of the particle onto its class average (mirrored first where rlnIsFlip is 1)
 RESULT_COLUMNS = ("rlnClassNumber", "rlnAnglePsi", "rlnOriginXAngst", "rlnOriginYAngst",
                   "rlnIsFlip")
 
@@ -151,20 +151,23 @@ def cluster_ctf_averages(args, progress, X, ctf, rotation_center, fit):
 
 def results_table(table, labels, tau, pixel_size):
     """The input's particles table with :data:`RESULT_COLUMNS` (replacing columns of those
-    names): class ``labels + 1``, and ``T_tau^-1`` (the alignment ``tau`` maps the particle onto
-    its class average; its inverse takes the average to the particle) in degrees and
-    ångström."""
+    names): class ``labels + 1``, and the alignment ``tau`` (which maps the particle onto its
+    class average) in RELION's convention, the one ``relion_stack_create
+    --apply_transformation`` applies to align particles: the particle, mirrored first where
+    ``rlnIsFlip`` is 1 (``x -> -x`` about the pixel ``(W // 2, H // 2)``), then rotated by
+    ``rlnAnglePsi`` (RELION's ``rotation2DMatrix``: clockwise as displayed, this package's
+    ``-angle``) about that pixel and shifted by ``rlnOrigin*Angst`` (this package's ``t``, in
+    ångström), lies on its class average."""
     import numpy as np
 
-    from .transforms import invert_se2
+    from .transforms import wrap_degrees
 
     out = table.copy()
     tau = np.asarray(tau, dtype=np.float64)
     if tau.shape[1] == 3:
         tau = np.concatenate([tau, np.zeros((len(tau), 1))], 1)
-    inv = invert_se2(tau)
-    values = [np.asarray(labels) + 1, inv[:, 0], inv[:, 1] * pixel_size,
-              inv[:, 2] * pixel_size, inv[:, 3].round().astype(int)]
+    values = [np.asarray(labels) + 1, wrap_degrees(-tau[:, 0]), tau[:, 1] * pixel_size,
+              tau[:, 2] * pixel_size, tau[:, 3].round().astype(int)]
     for name, v in zip(RESULT_COLUMNS, values):
         out[name] = v
     return out

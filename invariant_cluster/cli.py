@@ -271,8 +271,9 @@ Output (in --out):
                        (n_classes, H, W), one per class
   labels.csv           the cluster of each image (not with --one-step)
   particles.star       with --star: its rows, and each particle's rlnClassNumber (1-based),
-                       rlnAnglePsi, rlnOriginXAngst, rlnOriginYAngst (the rotation and shift
-                       taking the class average to the particle) and rlnIsFlip (mirror)
+                       rlnIsFlip, rlnAnglePsi, rlnOriginXAngst, rlnOriginYAngst: mirrored,
+                       turned and shifted as relion_stack_create --apply_transformation does,
+                       the particle lies on its class average
   class_averages.json  parameters, seconds, environment"""
 
 _AVERAGES_EPILOG = """\
