@@ -577,3 +577,31 @@ def test_count_takes_the_best_of_several_leiden_runs():
     assert max(q_runs) - min(q_runs) > 1e-4  # the runs do differ
     labels = leiden(G, None, random_state=5)
     assert _modularity(G, labels) == pytest.approx(max(q_runs), abs=1e-12)
+
+
+def test_symmetric_distances_is_the_smaller_direction():
+    """The sparse symmetric graph against a dense reference: the smaller of the two
+    directions, self-loops and missing (inf) neighbours left out, zeros raised to a tiny
+    positive value; empty when no edge is left."""
+    from invariant_cluster._grouping import _symmetric_distances
+
+    rng = np.random.default_rng(0)
+    n, k = 40, 6
+    index = rng.integers(0, n, (n, k))
+    dist = rng.random((n, k))
+    index[3, 1] = 3  # a self-loop
+    dist[4, 2] = np.inf  # a missing neighbour
+    dist[5, 0] = 0.0  # a duplicate image
+    ref = np.full((n, n), np.inf)
+    tiny = 1e-9 * dist[(dist > 0) & np.isfinite(dist)].min()
+    for i in range(n):
+        for j, d in zip(index[i], dist[i]):
+            if i != j and np.isfinite(d):
+                d = max(d, tiny)
+                ref[i, j] = min(ref[i, j], d)
+                ref[j, i] = min(ref[j, i], d)
+    A = _symmetric_distances(index, dist)
+    assert A.has_sorted_indices
+    dense = np.where(A.toarray() > 0, A.toarray(), np.inf)
+    np.testing.assert_array_equal(dense, ref)
+    assert _symmetric_distances(index, np.full((n, k), np.inf)).nnz == 0
