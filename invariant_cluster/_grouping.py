@@ -672,9 +672,10 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
     T = minimum_spanning_tree(_symmetric_distances(index, dist)).tocoo()
     order = np.argsort(T.data, kind="stable")
     ei, ej, ew = T.row[order], T.col[order], T.data[order]
-    parent = np.arange(n)
-    size = np.ones(n, dtype=np.int64)
-    inner = np.zeros(n)  # longest tree edge inside each part
+    # the loop below runs once per tree edge: on Python lists, not NumPy scalars
+    parent = list(range(n))
+    size = [1] * n
+    inner = [0.0] * n  # longest tree edge inside each part
     n_big = n if min_size <= 1 else 0
     covered, longest = n_big, 0.0
     best, best_ratio = None, 1.0  # (groups, edges taken, ratio) of the chosen candidate
@@ -686,10 +687,11 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
         if best is None or count > best[0] or (count == best[0] and ratio > best[2]):
             best = (count, edges, ratio)
 
-    for e in range(len(ew)):
-        a, b, w = _find(parent, ei[e]), _find(parent, ej[e]), float(ew[e])
+    limit = max_outliers * n
+    for e, (i, j, w) in enumerate(zip(ei.tolist(), ej.tolist(), ew.tolist())):
+        a, b = _find(parent, i), _find(parent, j)
         big_a, big_b = size[a] >= min_size, size[b] >= min_size
-        if big_a and big_b and n - covered <= max_outliers * n:
+        if big_a and big_b and n - covered <= limit:
             ratio = w / longest if longest > 0 else math.inf
             best_ratio = max(best_ratio, ratio)
             consider(n_big, e, ratio)
@@ -711,8 +713,9 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
     return _cut_tree(n, ei, ej, best[1], min_size), best_ratio
 
 
-def _find(parent: np.ndarray, a: int) -> int:
-    """The root of ``a`` in the union-find forest ``parent``, the path to it compressed."""
+def _find(parent, a: int) -> int:
+    """The root of ``a`` in the union-find forest ``parent`` (a list or an array), the path to
+    it compressed."""
     root = a
     while parent[root] != root:
         root = parent[root]
