@@ -24,6 +24,7 @@ _LAZY = {
     "aligned_neighbors": "invariant_cluster.barycenters",
     "DihedralPCA": "invariant_cluster.denoise",
     "RadialWiener": "invariant_cluster.denoise",
+    "SteerableWiener": "invariant_cluster.steerable",
     "InvariantAttentionClusterer": "invariant_cluster.cluster",
     "invariant_attention_clustering": "invariant_cluster.cluster",
     "KernelPCAAttention": "invariant_cluster.decomposition",
@@ -32,7 +33,7 @@ _LAZY = {
 }
 _SUBMODULES = {"attention", "ctf", "diagnostics", "datasets", "plotting", "transforms", "alignment",
                "barycenters", "cluster", "denoise", "decomposition", "metrics", "neighbors",
-               "kneighbors"}
+               "kneighbors", "steerable"}
 
 __all__ = sorted([*_LAZY, "attention", "ctf", "diagnostics", "datasets", "plotting", "metrics",
                   "neighbors", "__version__"])

@@ -19,7 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PUBLIC_MODULES = ["transforms", "ctf", "alignment", "barycenters", "cluster", "decomposition",
-                  "attention", "diagnostics", "datasets", "metrics", "neighbors", "plotting"]
+                  "attention", "diagnostics", "datasets", "metrics", "neighbors", "plotting",
+                  "steerable"]
 
 
 def _documented() -> tuple[set[str], set[str]]:

@@ -18,6 +18,7 @@ MODULES = [
     "invariant_cluster.transforms",
     "invariant_cluster.alignment",
     "invariant_cluster.barycenters",
+    "invariant_cluster.steerable",
     "invariant_cluster.cluster",
     "invariant_cluster.decomposition",
     "invariant_cluster.attention",

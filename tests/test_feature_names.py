@@ -17,6 +17,7 @@ from invariant_cluster import (
     InvariantKNeighborsTransformer,
     KernelPCAAttention,
     RadialWiener,
+    SteerableWiener,
 )
 
 pd = pytest.importorskip("pandas")
@@ -25,14 +26,15 @@ N, H = 24, 4
 ESTIMATORS = [
     RadialWiener(),
     RadialWiener(noise_std=0.1),
+    SteerableWiener(noise_std=0.1),
     DihedralPCA(n_components=3),
     InvariantKNeighborsTransformer(n_neighbors=3, n_rotations=4, device="cpu"),
     KernelPCAAttention(n_components=2, n_neighbors=5, n_rotations=4, device="cpu"),
     InvariantAttentionClusterer(n_clusters=2, n_neighbors=5, n_rotations=4, device="cpu",
                                 random_state=0),
 ]
-IDS = ["RadialWiener", "RadialWiener(0.1)", "DihedralPCA", "InvariantKNeighborsTransformer",
-       "KernelPCAAttention", "InvariantAttentionClusterer"]
+IDS = ["RadialWiener", "RadialWiener(0.1)", "SteerableWiener(0.1)", "DihedralPCA",
+       "InvariantKNeighborsTransformer", "KernelPCAAttention", "InvariantAttentionClusterer"]
 
 
 def _frame(columns=None, seed=0):
