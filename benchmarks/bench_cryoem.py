@@ -447,8 +447,9 @@ def _components_kept(den, X, ctf):
 
 def ours_ctf_part(data, args):
     """Ours on the full images against ASPIRE's Cov2D and RIRClass2D (the CTF suite)."""
-    from invariant_cluster import DihedralPCA, RadialWiener, class_averages
+    from invariant_cluster import DihedralPCA, RadialWiener, SteerableWiener, class_averages
     from invariant_cluster.ctf import CTF, spectral_snr, wiener_filter
+    from invariant_cluster.denoise import estimate_noise_std
 
     has_ctf = bool(data["ctf"])
     snr = float(data["snr"])
@@ -496,6 +497,12 @@ def ours_ctf_part(data, args):
         filt = RadialWiener().fit_transform(X.reshape(n, -1)).reshape(X.shape)
         name = "ours: RadialWiener alone (no alignment)"
     row(name, filt, seconds=time.perf_counter() - t0)
+    if not has_ctf:
+        # the covariance Wiener filter in the Fourier-Bessel basis: Cov2D's method, our code
+        t0 = time.perf_counter()
+        filt = SteerableWiener().fit_transform(X).reshape(X.shape)
+        row("ours: SteerableWiener alone (no alignment, noise measured)", filt,
+            seconds=time.perf_counter() - t0)
 
     # class_averages(X, ctf=...): the search on the phase-flipped images' DihedralPCA copy,
     # then each image's one-step average: with snr (or a CTF) the Wiener estimate, the noise
@@ -522,6 +529,16 @@ def ours_ctf_part(data, args):
             f"{', ctf' if has_ctf else ''}, snr={wiener!r}), k={args.k}", avg,
             **neighbour_scores(rots, ind, tau[..., 3].astype(bool)), seconds=seconds,
             **({"n_components": _components_kept(den, X, ctf)} if comps == "auto" else {}))
+        if not has_ctf and wiener is None and centre == "fourier":
+            # the plain means of k + 1 images: white noise of std noise_std / sqrt(k + 1),
+            # filtered with the covariance of the averages themselves
+            t0 = time.perf_counter()
+            sigma = estimate_noise_std(X[:, None]) / np.sqrt(args.k + 1)
+            filt = SteerableWiener(noise_std=sigma).fit_transform(avg).reshape(X.shape)
+            row(f"ours: the same averages (plain means) + SteerableWiener(noise_std=measured / "
+                f"sqrt({args.k + 1})), k={args.k}", filt,
+                **neighbour_scores(rots, ind, tau[..., 3].astype(bool)),
+                seconds=seconds + time.perf_counter() - t0)
     return rows
 
 

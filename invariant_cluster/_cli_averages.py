@@ -35,6 +35,10 @@ def add_cryoem_options(parser):
                    help="Wiener-filtered averages: the signal-to-noise ratio of one image, or "
                         "'auto' to measure the noise (default: auto with --star, else plain "
                         "averages)")
+    c.add_argument("--steerable-filter", action="store_true",
+                   help="filter the one-step averages (plain means of k + 1 images, no --star "
+                        "or --snr) with the covariance Wiener filter in a Fourier-Bessel basis "
+                        "(SteerableWiener), at the measured noise / sqrt(k + 1)")
     c.add_argument("--rotation-center", choices=["auto", "geometric", "fourier"],
                    default="auto",
                    help="centre of rotations and mirrors: 'fourier' is pixel (W//2, H//2) "
@@ -47,6 +51,13 @@ def one_step_options(args):
     if args.denoise_size is not None and args.denoise is None:
         raise UsageError("--denoise-size: only with --denoise")
     one_step = bool(args.one_step or args.denoise is not None or args.center)
+    if args.steerable_filter:
+        if not one_step:
+            raise UsageError("--steerable-filter: only with the one-step averages (--one-step, "
+                             "--denoise or --center)")
+        if args.star is not None or args.snr is not None:
+            raise UsageError("--steerable-filter: filters plain means (white noise); not with "
+                             "--star or --snr")
     if one_step:
         clash = [f"--{n.replace('_', '-')}" for n in ("n_clusters", "bandwidth", "update",
                                                       "max_iter", "tol")
@@ -81,13 +92,30 @@ def one_step_averages(args, progress, X, den, ctf=None, rotation_center="geometr
             averages = class_averages(X, n_neighbors=k, denoise=den, center=args.center,
                                       ctf=ctf, snr=args.snr, rotation_center=rotation_center,
                                       **params)
+        if args.steerable_filter:
+            averages = filter_means(X, averages, k, rotation_center)
         seconds = time.perf_counter() - t0
     _check_finite(class_averages=averages)
     info = {"method": "one-step", "n_neighbors": k,
+            "steerable_filter": bool(args.steerable_filter),
             "denoise": None if den is None else den.get_params(), "center": bool(args.center),
             "ctf": ctf is not None, "snr": args.snr,
             "rotation_center": rotation_center, "params": params}
     return averages, seconds, info
+
+
+def filter_means(X, averages, k, rotation_center):
+    """The plain means of ``k + 1`` images of ``X`` filtered by
+    :class:`~invariant_cluster.SteerableWiener` at ``X``'s measured noise over ``sqrt(k + 1)``."""
+    import math
+
+    from .denoise import estimate_noise_std
+    from .steerable import SteerableWiener
+
+    sigma = estimate_noise_std(X) / math.sqrt(k + 1)
+    out = SteerableWiener(noise_std=sigma, rotation_center=rotation_center).fit_transform(
+        averages.reshape(len(averages), -1))
+    return out.reshape(averages.shape)
 
 
 def resolve_rotation_center(choice, input_path, star) -> str:

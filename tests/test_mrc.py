@@ -263,7 +263,28 @@ class TestOneStepClassAverages:
         info = json.loads((out / "class_averages.json").read_text())
         assert info["denoise"]["n_components"] == "auto"
 
+    def test_steerable_filter(self, tmp_path, capsys, particles):
+        # the plain means filtered by SteerableWiener at the measured noise / sqrt(k + 1)
+        from invariant_cluster import SteerableWiener, class_averages
+        from invariant_cluster.denoise import estimate_noise_std
+
+        _, noisy, path = particles
+        out = tmp_path / "s"
+        proc = call(capsys, "class-averages", path, "--one-step", "--steerable-filter",
+                    "--n-neighbors", 5, "--n-rotations", 4, "--no-refine", "--device", "cpu",
+                    "--out", out)
+        assert proc.returncode == 0, proc.stderr
+        avg = class_averages(noisy, n_neighbors=5, n_rotations=4, refine=False, device="cpu",
+                             rotation_center="fourier")
+        sigma = estimate_noise_std(noisy[:, None]) / np.sqrt(6)
+        ref = SteerableWiener(noise_std=sigma).fit_transform(avg).reshape(avg.shape)
+        np.testing.assert_allclose(self._averages(out), ref, atol=1e-4)
+        info = json.loads((out / "class_averages.json").read_text())
+        assert info["steerable_filter"] is True and info["rotation_center"] == "fourier"
+
     @pytest.mark.parametrize("args, fragment", [
+        (["--steerable-filter"], "--steerable-filter"),
+        (["--one-step", "--steerable-filter", "--snr", "2"], "--steerable-filter"),
         (["--denoise-size", "8"], "--denoise-size"),
         (["--one-step", "--n-clusters", "2"], "--n-clusters"),
         (["--center", "--max-iter", "3"], "--max-iter"),
