@@ -441,6 +441,10 @@ def _cryoem_ctf_kind(method):
         return "cov2d"
     if method.startswith("ASPIRE RIRClass2D"):
         return "rir"
+    if method.startswith("ours: SteerableWiener alone"):
+        return "steerable"
+    if method.startswith("ours: the same averages (plain means) + SteerableWiener"):
+        return "ours_fourier_plain_steerable"
     if "alone" in method:
         return "filter"
     if method.startswith("ours: class_averages"):
@@ -473,8 +477,10 @@ def table_cryoem_ctf(r):
     for (ctf, s), c in sorted(cells.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
         label = [snr(s), "yes" if ctf else "no"]
         auto = "ours_fourier_auto_pcaauto"
-        avg.append(label + [both(c, k) for k in ("noisy", "cov2d", "filter", "ours_fourier_plain",
-                                                 "ours_fourier_auto", "ours_fourier_true", auto)]
+        avg.append(label + [both(c, k) for k in ("noisy", "cov2d", "filter", "steerable",
+                                                 "ours_fourier_plain", "ours_fourier_auto",
+                                                 "ours_fourier_true", auto,
+                                                 "ours_fourier_plain_steerable")]
                    + [get(c, k, "rel_mse", 4) for k in ("cov2d", "ours_fourier_auto")])
         nbr.append(label + [get(c, "rir", "nbr10"), get(c, "ours_fourier_auto", "nbr10"),
                             get(c, "ours_geometric_auto", "nbr10")
@@ -484,10 +490,12 @@ def table_cryoem_ctf(r):
                             get(c, "ours_fourier_auto", "seconds", 1), get(c, auto, "seconds", 1)])
     if not avg:
         return table_generic(r)
-    t1 = md_table(["SNR", "CTF", "noisy image", "ASPIRE DenoiserCov2D", "ours: filter alone",
+    t1 = md_table(["SNR", "CTF", "noisy image", "ASPIRE DenoiserCov2D",
+                   "ours: radial filter alone", "ours: SteerableWiener alone",
                    "ours: plain mean", "ours: Wiener, snr='auto'", "ours: Wiener, true SNR",
                    "ours: Wiener 'auto', search on DihedralPCA('auto', 32)",
-                   "rel. MSE Cov2D", "rel. MSE ours (auto)"], avg, ["l", "l"] + ["r"] * 9)
+                   "ours: plain mean + SteerableWiener",
+                   "rel. MSE Cov2D", "rel. MSE ours (auto)"], avg, ["l", "l"] + ["r"] * 11)
     t2 = md_table(["SNR", "CTF", "ASPIRE RIRClass2D", "ours, rotation_center='fourier'",
                    "ours, 'geometric'", "ours, DihedralPCA('auto', 32)", "its components",
                    "s Cov2D", "s RIRClass2D", "s ours (search + averages)",
