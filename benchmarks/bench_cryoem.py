@@ -450,6 +450,7 @@ def ours_ctf_part(data, args):
     from invariant_cluster import DihedralPCA, RadialWiener, SteerableWiener, class_averages
     from invariant_cluster.ctf import CTF, spectral_snr, wiener_filter
     from invariant_cluster.denoise import estimate_noise_std
+    from invariant_cluster.steerable import steerable_class_averages
 
     has_ctf = bool(data["ctf"])
     snr = float(data["snr"])
@@ -539,6 +540,17 @@ def ours_ctf_part(data, args):
                 f"sqrt({args.k + 1})), k={args.k}", filt,
                 **neighbour_scores(rots, ind, tau[..., 3].astype(bool)),
                 seconds=seconds + time.perf_counter() - t0)
+            # the same, or the images filtered alone, as the risk estimate on the data says
+            t0 = time.perf_counter()
+            out, choice = steerable_class_averages(
+                X, n_neighbors=args.k, n_rotations=72, reflection=True, refine=args.refine,
+                device="cpu", denoise=DihedralPCA(comps, output_size=size),
+                rotation_center="fourier", return_choice=True)
+            row(f"ours: steerable_class_averages (the filtered means or the images filtered "
+                f"alone, chosen by the recorrupted-to-recorrupted risk), k={args.k}",
+                out.reshape(X.shape), choice=choice["choice"],
+                risk_single=choice["risk"]["single"], risk_averages=choice["risk"]["averages"],
+                seconds=time.perf_counter() - t0)
     return rows
 
 

@@ -443,6 +443,8 @@ def _cryoem_ctf_kind(method):
         return "rir"
     if method.startswith("ours: SteerableWiener alone"):
         return "steerable"
+    if method.startswith("ours: steerable_class_averages"):
+        return "steerable_choice"
     if method.startswith("ours: the same averages (plain means) + SteerableWiener"):
         return "ours_fourier_plain_steerable"
     if "alone" in method:
@@ -480,7 +482,8 @@ def table_cryoem_ctf(r):
         avg.append(label + [both(c, k) for k in ("noisy", "cov2d", "filter", "steerable",
                                                  "ours_fourier_plain", "ours_fourier_auto",
                                                  "ours_fourier_true", auto,
-                                                 "ours_fourier_plain_steerable")]
+                                                 "ours_fourier_plain_steerable",
+                                                 "steerable_choice")]
                    + [get(c, k, "rel_mse", 4) for k in ("cov2d", "ours_fourier_auto")])
         nbr.append(label + [get(c, "rir", "nbr10"), get(c, "ours_fourier_auto", "nbr10"),
                             get(c, "ours_geometric_auto", "nbr10")
@@ -495,7 +498,8 @@ def table_cryoem_ctf(r):
                    "ours: plain mean", "ours: Wiener, snr='auto'", "ours: Wiener, true SNR",
                    "ours: Wiener 'auto', search on DihedralPCA('auto', 32)",
                    "ours: plain mean + SteerableWiener",
-                   "rel. MSE Cov2D", "rel. MSE ours (auto)"], avg, ["l", "l"] + ["r"] * 11)
+                   "ours: steerable_class_averages (risk-chosen)",
+                   "rel. MSE Cov2D", "rel. MSE ours (auto)"], avg, ["l", "l"] + ["r"] * 12)
     t2 = md_table(["SNR", "CTF", "ASPIRE RIRClass2D", "ours, rotation_center='fourier'",
                    "ours, 'geometric'", "ours, DihedralPCA('auto', 32)", "its components",
                    "s Cov2D", "s RIRClass2D", "s ours (search + averages)",

@@ -36,9 +36,11 @@ def add_cryoem_options(parser):
                         "'auto' to measure the noise (default: auto with --star, else plain "
                         "averages)")
     c.add_argument("--steerable-filter", action="store_true",
-                   help="filter the one-step averages (plain means of k + 1 images, no --star "
-                        "or --snr) with the covariance Wiener filter in a Fourier-Bessel basis "
-                        "(SteerableWiener), at the measured noise / sqrt(k + 1)")
+                   help="no --star or --snr: the plain means of k + 1 images filtered by the "
+                        "covariance Wiener filter in a Fourier-Bessel basis (SteerableWiener) "
+                        "at the measured noise / sqrt(k + 1), or each image filtered alone "
+                        "where a risk estimate on the data says its neighbours do not help "
+                        "(steerable_class_averages)")
     c.add_argument("--rotation-center", choices=["auto", "geometric", "fourier"],
                    default="auto",
                    help="centre of rotations and mirrors: 'fourier' is pixel (W//2, H//2) "
@@ -86,36 +88,28 @@ def one_step_averages(args, progress, X, den, ctf=None, rotation_center="geometr
     if k >= len(X):
         raise UsageError(f"--n-neighbors: expected at most {len(X) - 1} for {len(X)} images, "
                          f"got {k}")
+    choice = None
     with progress.stage(f"averaging {len(X)} images with their {k} neighbours"):
         t0 = time.perf_counter()
         with _warnings_as_lines():
-            averages = class_averages(X, n_neighbors=k, denoise=den, center=args.center,
-                                      ctf=ctf, snr=args.snr, rotation_center=rotation_center,
-                                      **params)
-        if args.steerable_filter:
-            averages = filter_means(X, averages, k, rotation_center)
+            if args.steerable_filter:
+                from .steerable import steerable_class_averages
+
+                averages, choice = steerable_class_averages(
+                    X, n_neighbors=k, denoise=den, center=args.center,
+                    rotation_center=rotation_center, return_choice=True, **params)
+            else:
+                averages = class_averages(X, n_neighbors=k, denoise=den, center=args.center,
+                                          ctf=ctf, snr=args.snr,
+                                          rotation_center=rotation_center, **params)
         seconds = time.perf_counter() - t0
     _check_finite(class_averages=averages)
     info = {"method": "one-step", "n_neighbors": k,
-            "steerable_filter": bool(args.steerable_filter),
+            "steerable_filter": choice,
             "denoise": None if den is None else den.get_params(), "center": bool(args.center),
             "ctf": ctf is not None, "snr": args.snr,
             "rotation_center": rotation_center, "params": params}
     return averages, seconds, info
-
-
-def filter_means(X, averages, k, rotation_center):
-    """The plain means of ``k + 1`` images of ``X`` filtered by
-    :class:`~invariant_cluster.SteerableWiener` at ``X``'s measured noise over ``sqrt(k + 1)``."""
-    import math
-
-    from .denoise import estimate_noise_std
-    from .steerable import SteerableWiener
-
-    sigma = estimate_noise_std(X) / math.sqrt(k + 1)
-    out = SteerableWiener(noise_std=sigma, rotation_center=rotation_center).fit_transform(
-        averages.reshape(len(averages), -1))
-    return out.reshape(averages.shape)
 
 
 def resolve_rotation_center(choice, input_path, star) -> str:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
-from numbers import Real
+from numbers import Integral, Real
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ from ._utils import to_tensor
 from .denoise import estimate_noise_std
 from .transforms import ROTATION_CENTERS, rotation_centre
 
-__all__ = ["SteerableWiener", "fourier_bessel_basis"]
+__all__ = ["SteerableWiener", "fourier_bessel_basis", "steerable_class_averages"]
 
 # rows of images per matrix product (bounds the coefficient buffer: rows x basis size)
 _CHUNK = 4096
@@ -376,3 +376,96 @@ class SteerableWiener(ImageInputMixin, OneToOneFeatureMixin, TransformerMixin, B
                     Z[:, si] = A[:, si] @ op
             out[s:s + _CHUNK, inside_t] = Z @ B.T
         return out.numpy().astype(X2.dtype, copy=False)
+
+
+def steerable_class_averages(X, n_neighbors=10, *, noise_std="auto", rotation_center="fourier",
+                             random_state=0, return_choice=False, **search):
+    """Each image denoised with its aligned neighbours, or alone where they do not help.
+
+    Two estimates of each image, both filtered by :class:`SteerableWiener`: the plain mean of
+    the image and its ``n_neighbors`` aligned invariant neighbours
+    (:func:`~invariant_cluster.class_averages`, ``snr=None``) at the noise of a mean of
+    ``n_neighbors + 1`` images, and the image alone. Averages win when the neighbours are
+    views of the same projection, and lose when the noise hides them: then the search picks
+    the images whose noise matches, and their mean adds noise rather than signal. The choice
+    is made on the data by the recorrupted-to-recorrupted risk estimate (Pang et al. 2021):
+    with ``z`` white noise of the images' level, both pipelines run on ``X + z`` and are scored
+    against ``X - z``, whose noise is independent of ``X + z``'s, so the mean squared
+    difference estimates each pipeline's error up to a constant common to both. The decision
+    is made at twice the images' noise variance, so near the break-even point it leans
+    towards the image alone.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, H, W), (n, 1, H, W) or (n, H * W) square images
+    n_neighbors : int, default=10
+    noise_std : "auto" or float, default="auto"
+        The images' white noise ("auto": measured, :func:`~invariant_cluster.denoise.
+        estimate_noise_std`).
+    rotation_center : {"fourier", "geometric"}, default="fourier"
+        The centre of the search's rotations and of the filter's disk.
+    random_state : int, default=0
+        Seed of the recorrupting noise ``z``.
+    return_choice : bool, default=False
+        Also return a dict: ``"choice"`` ("averages" or "single"), ``"risk"`` (the two risk
+        estimates: mean squared difference per image) and ``"noise_std"``.
+    **search
+        Passed to :func:`~invariant_cluster.class_averages` (``n_rotations``, ``reflection``,
+        ``denoise``, ``max_translation``, ``center``, ``device``, ...).
+
+    Returns
+    -------
+    images : ndarray of shape (n_samples, H, W)
+    choice : dict, only with ``return_choice``
+    """
+    from .barycenters import class_averages
+
+    for bad in ("labels", "ctf", "snr", "return_alignments", "image_shape"):
+        if bad in search:
+            raise TypeError(f"{bad}: not a parameter of steerable_class_averages (the plain "
+                            f"one-step means of single-channel images, without a CTF)")
+    Xt = X.detach().cpu() if isinstance(X, torch.Tensor) else torch.as_tensor(np.asarray(X))
+    if not Xt.is_floating_point():
+        Xt = Xt.float()
+    if Xt.ndim == 4 and Xt.shape[1] == 1:
+        Xt = Xt[:, 0]
+    elif Xt.ndim == 2:
+        side = math.isqrt(Xt.shape[1])
+        if side * side != Xt.shape[1]:
+            raise ValueError(f"X: flat rows must be square images, got {Xt.shape[1]} features")
+        Xt = Xt.reshape(len(Xt), side, side)
+    if Xt.ndim != 3:
+        raise ValueError(f"X: expected images (n, H, W) or (n, 1, H, W), got shape "
+                         f"{tuple(Xt.shape)}")
+    if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, Integral) \
+            or not 1 <= n_neighbors < len(Xt):
+        raise ValueError(f"n_neighbors: expected an int in [1, {len(Xt) - 1}], got "
+                         f"{n_neighbors!r}")
+    Xn = Xt.cpu().numpy()
+    if noise_std == "auto":
+        sigma = estimate_noise_std(Xt[:, None])
+    elif isinstance(noise_std, Real) and not isinstance(noise_std, bool) and noise_std >= 0:
+        sigma = float(noise_std)
+    else:
+        raise ValueError(f"noise_std: expected 'auto' or a number >= 0, got {noise_std!r}")
+    k = int(n_neighbors)
+
+    def single(Y, s):
+        f = SteerableWiener(noise_std=s, rotation_center=rotation_center)
+        return f.fit_transform(Y).reshape(Y.shape)
+
+    def averages(Y, s):
+        avg = np.asarray(class_averages(Y, n_neighbors=k, rotation_center=rotation_center,
+                                        **search)).reshape(Y.shape)
+        return single(avg, s / math.sqrt(k + 1))
+
+    z = (np.random.default_rng(random_state).standard_normal(Xn.shape) * sigma).astype(Xn.dtype)
+    target = Xn - z
+    risk = {name: float(((fun(Xn + z, sigma * math.sqrt(2)) - target) ** 2)
+                        .reshape(len(Xn), -1).sum(1).mean())
+            for name, fun in (("single", single), ("averages", averages))}
+    chosen = "averages" if risk["averages"] < risk["single"] else "single"
+    out = (averages if chosen == "averages" else single)(Xn, sigma)
+    if return_choice:
+        return out, {"choice": chosen, "risk": risk, "noise_std": sigma}
+    return out

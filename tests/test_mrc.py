@@ -264,9 +264,8 @@ class TestOneStepClassAverages:
         assert info["denoise"]["n_components"] == "auto"
 
     def test_steerable_filter(self, tmp_path, capsys, particles):
-        # the plain means filtered by SteerableWiener at the measured noise / sqrt(k + 1)
-        from invariant_cluster import SteerableWiener, class_averages
-        from invariant_cluster.denoise import estimate_noise_std
+        # steerable_class_averages: the filtered plain means, or each image filtered alone
+        from invariant_cluster.steerable import steerable_class_averages
 
         _, noisy, path = particles
         out = tmp_path / "s"
@@ -274,13 +273,12 @@ class TestOneStepClassAverages:
                     "--n-neighbors", 5, "--n-rotations", 4, "--no-refine", "--device", "cpu",
                     "--out", out)
         assert proc.returncode == 0, proc.stderr
-        avg = class_averages(noisy, n_neighbors=5, n_rotations=4, refine=False, device="cpu",
-                             rotation_center="fourier")
-        sigma = estimate_noise_std(noisy[:, None]) / np.sqrt(6)
-        ref = SteerableWiener(noise_std=sigma).fit_transform(avg).reshape(avg.shape)
+        ref, choice = steerable_class_averages(noisy, n_neighbors=5, n_rotations=4,
+                                               refine=False, device="cpu", return_choice=True)
         np.testing.assert_allclose(self._averages(out), ref, atol=1e-4)
         info = json.loads((out / "class_averages.json").read_text())
-        assert info["steerable_filter"] is True and info["rotation_center"] == "fourier"
+        assert info["steerable_filter"]["choice"] == choice["choice"]
+        assert info["rotation_center"] == "fourier"
 
     @pytest.mark.parametrize("args, fragment", [
         (["--steerable-filter"], "--steerable-filter"),

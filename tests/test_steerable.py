@@ -233,3 +233,57 @@ def test_bad_input_names_the_argument():
         f.transform(np.ones((2, 1, 15, 15)))
     with pytest.raises(ValueError, match="225 features"):
         f.transform(np.ones((2, 225)))
+
+
+# -------------------------------------------------------------------- steerable_class_averages
+def _distinct(n, size, seed):
+    """Smooth random images, no two alike (no image has a neighbour that shows the same)."""
+    from scipy.ndimage import gaussian_filter
+
+    rng = np.random.default_rng(seed)
+    return np.stack([gaussian_filter(rng.standard_normal((size, size)), 2.0) * 4
+                     for _ in range(n)])
+
+
+def test_steerable_class_averages_picks_the_averages_when_neighbours_are_copies():
+    from invariant_cluster import class_averages
+    from invariant_cluster.steerable import steerable_class_averages
+
+    clean, X = _bars(150, 16, seed=7, noise=0.5)
+    kw = dict(n_rotations=36, refine=False, device="cpu")
+    out, info = steerable_class_averages(X, n_neighbors=6, noise_std=0.5, return_choice=True,
+                                         **kw)
+    assert info["choice"] == "averages" and info["risk"]["averages"] < info["risk"]["single"]
+    avg = class_averages(X, n_neighbors=6, rotation_center="fourier", **kw)
+    ref = SteerableWiener(noise_std=0.5 / math.sqrt(7)).fit_transform(avg).reshape(X.shape)
+    np.testing.assert_allclose(out, ref, atol=1e-6)
+    err = np.linalg.norm((out - clean).reshape(150, -1))
+    single = SteerableWiener(noise_std=0.5).fit_transform(X).reshape(X.shape)
+    assert err < np.linalg.norm((single - clean).reshape(150, -1))
+
+
+def test_steerable_class_averages_keeps_the_image_alone_without_neighbours():
+    from invariant_cluster.steerable import steerable_class_averages
+
+    rng = np.random.default_rng(1)
+    clean = _distinct(150, 16, seed=2)
+    X = clean + 2.0 * rng.standard_normal(clean.shape)
+    out, info = steerable_class_averages(X, n_neighbors=6, return_choice=True, n_rotations=8,
+                                         refine=False, device="cpu")
+    assert info["choice"] == "single" and abs(info["noise_std"] - 2.0) < 0.2
+    ref = SteerableWiener(noise_std=info["noise_std"]).fit_transform(X).reshape(X.shape)
+    np.testing.assert_allclose(out, ref, atol=1e-6)
+
+
+def test_steerable_class_averages_bad_input():
+    from invariant_cluster.steerable import steerable_class_averages
+
+    _, X = _bars(20, 16, seed=0, noise=0.3)
+    with pytest.raises(TypeError, match="ctf"):
+        steerable_class_averages(X, ctf=None)
+    with pytest.raises(ValueError, match="n_neighbors"):
+        steerable_class_averages(X, n_neighbors=20)
+    with pytest.raises(ValueError, match="X: flat rows must be square"):
+        steerable_class_averages(np.ones((20, 10)))
+    with pytest.raises(ValueError, match="noise_std"):
+        steerable_class_averages(X, noise_std=-1.0)
