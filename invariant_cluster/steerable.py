@@ -80,7 +80,7 @@ def _interpolated(table_k, x, step):
     return table_k[j] * (1 - w) + table_k[j + 1] * w
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=2)  # a 128 x 128 box's basis is about 1 GiB
 def _basis_cached(height, width, radius, rotation_center):
     cx, cy = rotation_centre(height, width, rotation_center)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float64)
@@ -118,9 +118,10 @@ def _basis_cached(height, width, radius, rotation_center):
         basis = np.zeros((int(inside.sum()), 0))
     else:
         basis = np.concatenate(columns, axis=1)
-    for a in (inside, basis):
+    freq, part = np.asarray(freq, dtype=np.int64), np.asarray(part, dtype=np.int64)
+    for a in (inside, basis, freq, part):  # shared by the cache: read-only
         a.setflags(write=False)
-    return inside, basis, np.asarray(freq, dtype=np.int64), np.asarray(part, dtype=np.int64)
+    return inside, basis, freq, part
 
 
 def fourier_bessel_basis(height, width, *, radius=None, rotation_center="fourier"):
