@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ._estimator import ImageInputMixin
-from ._utils import to_tensor
+from ._utils import check_images, to_tensor
 from .denoise import estimate_noise_std
 from .transforms import ROTATION_CENTERS, rotation_centre
 
@@ -308,7 +308,6 @@ class SteerableWiener(ImageInputMixin, OneToOneFeatureMixin, TransformerMixin, B
         # the filter per block, acting on coefficient rows: out = (a - mu) @ op + mu @ rec,
         # rec = G^-1 (coefficients back to the basis' least-squares expansion)
         self._blocks = []
-        mean_in = np.zeros(int(inside.sum()))
         kept = 0
         for (k, c, si), M in zip(blocks, moments):
             parts = 1 if len(si) == 0 else 2
@@ -332,11 +331,10 @@ class SteerableWiener(ImageInputMixin, OneToOneFeatureMixin, TransformerMixin, B
                 H = np.eye(len(c))
             op = (rec @ H).T
             self._blocks.append((c, si, op, mu @ rec - mu @ op))
-            mean_in = mean_in + basis[:, c] @ (mu @ rec)
+            if k == 0:  # the only block with a mean
+                self.mean_ = np.zeros(self.n_features_in_)
+                self.mean_[inside] = basis[:, c] @ (mu @ rec)
         self.n_components_ = kept
-        mean = np.zeros(self.n_features_in_)
-        mean[inside] = mean_in
-        self.mean_ = mean
         return self
 
     @property
@@ -425,46 +423,33 @@ def steerable_class_averages(X, n_neighbors=10, *, noise_std="auto", rotation_ce
         if bad in search:
             raise TypeError(f"{bad}: not a parameter of steerable_class_averages (the plain "
                             f"one-step means of single-channel images, without a CTF)")
-    Xt = X.detach().cpu() if isinstance(X, torch.Tensor) else torch.as_tensor(np.asarray(X))
-    if not Xt.is_floating_point():
-        Xt = Xt.float()
-    if Xt.ndim == 4 and Xt.shape[1] == 1:
-        Xt = Xt[:, 0]
-    elif Xt.ndim == 2:
-        side = math.isqrt(Xt.shape[1])
-        if side * side != Xt.shape[1]:
-            raise ValueError(f"X: flat rows must be square images, got {Xt.shape[1]} features")
-        Xt = Xt.reshape(len(Xt), side, side)
-    if Xt.ndim != 3:
-        raise ValueError(f"X: expected images (n, H, W) or (n, 1, H, W), got shape "
-                         f"{tuple(Xt.shape)}")
-    if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, Integral) \
-            or not 1 <= n_neighbors < len(Xt):
-        raise ValueError(f"n_neighbors: expected an int in [1, {len(Xt) - 1}], got "
-                         f"{n_neighbors!r}")
-    Xn = Xt.cpu().numpy()
+    X2, shape = check_images(X)
+    if shape[0] != 1:
+        raise ValueError(f"X: expected single-channel images, got {shape[0]} channels")
+    if np.ndim(X) == 2 and shape[1] != shape[2]:
+        raise ValueError(f"X: flat rows must be square images, got {shape[2]} features")
+    Xn = np.asarray(X2.cpu() if isinstance(X2, torch.Tensor) else X2).reshape(-1, *shape[1:])
     if noise_std == "auto":
-        sigma = estimate_noise_std(Xt[:, None])
+        sigma = estimate_noise_std(torch.from_numpy(Xn)[:, None])
     elif isinstance(noise_std, Real) and not isinstance(noise_std, bool) and noise_std >= 0:
         sigma = float(noise_std)
     else:
         raise ValueError(f"noise_std: expected 'auto' or a number >= 0, got {noise_std!r}")
-    k = int(n_neighbors)
 
     def single(Y, s):
         f = SteerableWiener(noise_std=s, rotation_center=rotation_center)
         return f.fit_transform(Y).reshape(Y.shape)
 
-    def averages(Y, s):
-        avg = np.asarray(class_averages(Y, n_neighbors=k, rotation_center=rotation_center,
-                                        **search)).reshape(Y.shape)
-        return single(avg, s / math.sqrt(k + 1))
+    def averages(Y, s):  # class_averages checks n_neighbors and the search's parameters
+        avg = np.asarray(class_averages(Y, n_neighbors=n_neighbors,
+                                        rotation_center=rotation_center, **search))
+        return single(avg.reshape(Y.shape), s / math.sqrt(n_neighbors + 1))
 
     z = (np.random.default_rng(random_state).standard_normal(Xn.shape) * sigma).astype(Xn.dtype)
     target = Xn - z
     risk = {name: float(((fun(Xn + z, sigma * math.sqrt(2)) - target) ** 2)
                         .reshape(len(Xn), -1).sum(1).mean())
-            for name, fun in (("single", single), ("averages", averages))}
+            for name, fun in (("averages", averages), ("single", single))}
     chosen = "averages" if risk["averages"] < risk["single"] else "single"
     out = (averages if chosen == "averages" else single)(Xn, sigma)
     if return_choice:
