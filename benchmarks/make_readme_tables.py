@@ -411,6 +411,7 @@ def table_count(r):
         return table_generic(r)
     cell = {(x["kind"], x["method"]): x for x in summary}
     names = {"estimator": "`n_clusters=None`",
+             "estimator_center": "`n_clusters=None, center=True`",
              "hdbscan_invariant": "HDBSCAN on `invariant_distances`",
              "leiden_modularity": "Leiden (modularity) on the kNN graph",
              "hdbscan_umap": "HDBSCAN on umap-learn's layout"}

@@ -22,12 +22,11 @@ from .denoise import DihedralPCA
 from .kneighbors import InvariantKNeighborsTransformer
 from .neighbors import aligned_weighted_sum
 from .search import make_search_grid
-from .search.descriptors import _centres
+from .search.descriptors import centred_images
 from .transforms import (
     check_rotation_center,
     compose_se2,
     fast_warp,
-    image_centre,
     pad_for_centre,
 )
 
@@ -361,7 +360,7 @@ def _aligned_neighbors(Xt, shape, n_neighbors, *, denoise, center, device, max_t
         search_shape, scale = pca.image_shape_out_, pca.scale_
     offsets = None
     if center:
-        search, offsets = _centred(search, search_shape)
+        search, offsets = centred_images(search, search_shape)
     knn = InvariantKNeighborsTransformer(n_neighbors=int(n_neighbors),
                                          max_translation=max_translation / scale,
                                          image_shape=search_shape, device=device, **search_kw)
@@ -389,20 +388,6 @@ def _one_step_average(Xt, ind, tau, batch_size=None):
     W = torch.full(idx.shape, 1.0 / idx.shape[1], dtype=Xt.dtype, device=dev)
     with torch.no_grad():
         return aligned_weighted_sum(Xt, idx, params, W, batch_size=batch_size)
-
-
-def _centred(flat: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
-    """Images (flat rows of ``shape`` ``(C, H, W)``) shifted so that the centre of mass of their
-    positive part (channels summed) is at the image centre, and the ``(n, 2)`` offsets
-    ``(dx, dy)`` of those centres from the image centre (an image with no positive value is
-    left as it is)."""
-    Z = torch.as_tensor(flat).reshape(-1, *shape)
-    h, w = shape[-2:]
-    d = _centres(Z, "mass") - torch.tensor(image_centre(h, w), dtype=Z.dtype)
-    params = torch.cat([torch.zeros_like(d[:, :1]), -d], 1)
-    with torch.no_grad():
-        out = fast_warp(Z, params)
-    return out.reshape(flat.shape).numpy(), d.double().numpy()
 
 
 def _fitted_denoiser(denoise, Xt):

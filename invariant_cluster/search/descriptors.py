@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .._memory import block_elements
-from ..transforms import image_centre, polar_grid, rotation_phases, sample_images
+from ..transforms import fast_warp, image_centre, polar_grid, rotation_phases, sample_images
 from .grid import check_int as _check_int
 
 __all__ = ["invariant_descriptors", "steerable_descriptors"]
@@ -65,6 +65,20 @@ def _centres(X: torch.Tensor, center: str) -> torch.Tensor:
         out[ok, 0] = mx[ok] / tot[ok]
         out[ok, 1] = my[ok] / tot[ok]
     return out
+
+
+def centred_images(flat: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
+    """Images (flat rows of ``shape`` ``(C, H, W)``) shifted so that the centre of mass of their
+    positive part (channels summed) is at the geometric image centre, and the ``(n, 2)``
+    offsets ``(dx, dy)`` of those centres from it (an image with no positive value is left as
+    it is)."""
+    Z = torch.as_tensor(flat).reshape(-1, *shape)
+    h, w = shape[-2:]
+    d = _centres(Z, "mass") - torch.tensor(image_centre(h, w), dtype=Z.dtype)
+    params = torch.cat([torch.zeros_like(d[:, :1]), -d], 1)
+    with torch.no_grad():
+        out = fast_warp(Z, params)
+    return out.reshape(flat.shape).numpy(), d.double().numpy()
 
 
 def _polar_spectrum(X, n_rings, n_angular, n_frequencies, centres):
