@@ -504,6 +504,14 @@ def ours_ctf_part(data, args):
         filt = SteerableWiener().fit_transform(X).reshape(X.shape)
         row("ours: SteerableWiener alone (no alignment, noise measured)", filt,
             seconds=time.perf_counter() - t0)
+        # the same given the true noise, and 5% under or over it: an underestimate lets
+        # directions of pure noise through
+        true_std = float(np.sqrt(data["noise_var"]))
+        for factor in (1.0, 0.95, 1.05):
+            t0 = time.perf_counter()
+            filt = SteerableWiener(noise_std=factor * true_std).fit_transform(X).reshape(X.shape)
+            row(f"ours: SteerableWiener alone (noise_std = {factor:g} x the true noise)", filt,
+                seconds=time.perf_counter() - t0)
 
     # class_averages(X, ctf=...): the search on the phase-flipped images' DihedralPCA copy,
     # then each image's one-step average: with snr (or a CTF) the Wiener estimate, the noise

@@ -193,7 +193,9 @@ class SteerableWiener(ImageInputMixin, OneToOneFeatureMixin, TransformerMixin, B
         The standard deviation of the white noise: "auto" measures it
         (:func:`~invariant_cluster.denoise.estimate_noise_std`); 0 makes the filter the identity.
         For class averages of ``k + 1`` images, pass the single images' value divided by
-        ``sqrt(k + 1)``.
+        ``sqrt(k + 1)``. A value below the true one is costly: the many directions of pure
+        noise then stand above the threshold and pass, while a value a little above it only
+        shrinks a little more; when in doubt, err high.
     rotation_center : {"fourier", "geometric"}, default="fourier"
         The disk's centre: pixel ``(W // 2, H // 2)``, the field's convention for particle
         images, or the geometric centre ``((W - 1) / 2, (H - 1) / 2)``.
