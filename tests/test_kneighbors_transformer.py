@@ -485,3 +485,46 @@ def test_symmetrize_graph_keeps_smaller_and_zeros():
     np.testing.assert_array_equal(S.toarray(), [[0, 1.5, 0], [1.5, 0, 3], [0, 3, 0]])
     assert S.nnz == 7  # the three explicit zeros of the diagonal are kept
     assert isinstance(symmetrize_graph(sparse.csr_array(G)), sparse.sparray)
+
+
+# ------------------------------------------------------------------ center=True
+def _shifted_digit_copies(n_shapes, n_copies, shift, seed=0):
+    """Copies at any angle, shifted within ``+-shift`` px, of 8 x 8 digits drawn at twice their
+    size on a 28 x 28 canvas; and the shape of each copy."""
+    digits = load_digits_images().images
+    rng = np.random.default_rng(seed)
+    shapes = [np.pad(np.kron(digits[i], np.ones((2, 2))), 6)
+              for i in rng.choice(len(digits), n_shapes, replace=False)]
+    X = np.concatenate([make_transformed_copies(s, n_copies, max_rotation=180,
+                                                max_translation=shift,
+                                                random_state=seed * 1000 + j)[0]
+                        for j, s in enumerate(shapes)])
+    return X.astype(np.float32), np.repeat(np.arange(n_shapes), n_copies)
+
+
+@pytest.mark.parametrize("n_shapes, n_copies, seed", [(5, 3, 0), (3, 5, 1)])
+def test_center_finds_copies_shifted_beyond_the_search(n_shapes, n_copies, seed):
+    # copies shifted within +-3 px differ pairwise by up to 7 px per axis; centred on their
+    # centres of mass they differ by a rotation, which a +-1 px search holds
+    X, y = _shifted_digit_copies(n_shapes, n_copies, 3, seed)
+    k = n_copies - 1
+    knn = InvariantKNeighborsTransformer(n_neighbors=k, max_translation=1, center=True).fit(X)
+    dist, ind, tau = knn.kneighbors(return_alignments=True)
+    assert np.all(y[ind] == y[:, None])
+    # the alignments warp the images as given (not centred) onto their queries
+    warped = np.asarray(warp_se2(X[ind[:, 0]], tau[:, 0]))
+    resid = np.linalg.norm((warped - X).reshape(len(X), -1), axis=1)
+    apart = np.linalg.norm((X[ind[:, 0]] - X).reshape(len(X), -1), axis=1)
+    assert np.all(resid < 0.25 * apart)
+    # queries given anew (the training images) find the same neighbours, themselves first
+    _, ind_q = knn.kneighbors(X, n_neighbors=n_copies)
+    assert np.array_equal(ind_q[:, 0], np.arange(len(X)))
+    assert np.all(y[ind_q] == y[:, None])
+    assert knn.transform(X).shape == (len(X), len(X))
+
+
+def test_center_off_is_the_default_and_checked():
+    X, _ = _shifted_digit_copies(2, 3, 1)
+    assert InvariantKNeighborsTransformer().get_params()["center"] is False
+    with pytest.raises(ValueError, match="center"):
+        InvariantKNeighborsTransformer(center=1).fit(X)
