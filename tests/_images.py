@@ -38,3 +38,19 @@ def t_and_box():
     box[3:8, 3:8] = 1
     box[4:7, 4:7] = 0
     return t, box
+
+
+def shifted_digit_copies(n_shapes, n_copies, shift, seed=0):
+    """Copies at any angle, shifted within ``+-shift`` px, of scikit-learn digits picked at
+    random and drawn at twice their size on a 28 x 28 canvas; and the shape of each copy."""
+    from invariant_cluster.datasets import load_digits_images, make_transformed_copies
+
+    digits = load_digits_images().images
+    rng = np.random.default_rng(seed)
+    shapes = [np.pad(np.kron(digits[i], np.ones((2, 2))), 6)
+              for i in rng.choice(len(digits), n_shapes, replace=False)]
+    X = np.concatenate([make_transformed_copies(s, n_copies, max_rotation=180,
+                                                max_translation=shift,
+                                                random_state=seed * 1000 + j)[0]
+                        for j, s in enumerate(shapes)])
+    return X.astype(np.float32), np.repeat(np.arange(n_shapes), n_copies)

@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from _images import shifted_digit_copies
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
 
@@ -360,25 +361,12 @@ def test_canonical_order_ignores_a_permutation_of_every_image_pixels(side):
 
 
 # ------------------------------------------------------------------ center=True
-def _shifted_copies(n_shapes, n_copies, shift, seed=0):
-    """Copies at any angle, shifted within ``+-shift`` px, of 8 x 8 digits drawn at twice
-    their size on a 28 x 28 canvas; and the shape of each copy."""
-    rng = np.random.default_rng(seed)
-    shapes = [np.pad(np.kron(DIGITS[i], np.ones((2, 2))), 6)
-              for i in rng.choice(len(DIGITS), n_shapes, replace=False)]
-    X = np.concatenate([make_transformed_copies(s, n_copies, max_rotation=180,
-                                                max_translation=shift,
-                                                random_state=seed * 1000 + j)[0]
-                        for j, s in enumerate(shapes)])
-    return X.astype(np.float32), np.repeat(np.arange(n_shapes), n_copies)
-
-
 @pytest.mark.parametrize("n_shapes, n_copies, shift, seed", [(5, 3, 3, 0), (3, 8, 3, 1),
                                                               (2, 20, 2, 2)])
 def test_center_finds_copies_shifted_beyond_the_search(n_shapes, n_copies, shift, seed):
     # copies shifted within +-shift differ pairwise by up to shift (1 + sqrt 2) px per axis;
     # centred on their centres of mass they differ by a rotation, and a +-1 px search holds
-    X, y = _shifted_copies(n_shapes, n_copies, shift, seed)
+    X, y = shifted_digit_copies(n_shapes, n_copies, shift, seed)
     est = _fit(X, max_translation=1, center=True)
     assert est.n_clusters_ == n_shapes
     assert adjusted_rand_score(y, est.labels_) >= 0.95
@@ -388,7 +376,7 @@ def test_center_finds_copies_shifted_beyond_the_search(n_shapes, n_copies, shift
 def test_center_keeps_alignments_and_means_in_the_input_frame():
     from invariant_cluster import warp_se2
 
-    X, y = _shifted_copies(3, 6, 3, seed=3)
+    X, y = shifted_digit_copies(3, 6, 3, seed=3)
     est = _fit(X, max_translation=1, center=True, n_clusters=3)
     flat = X.reshape(len(X), -1)
     # alignments_ warp the ORIGINAL sample onto its centre, as without centring

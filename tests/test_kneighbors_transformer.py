@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from _images import random_images
+from _images import random_images, shifted_digit_copies
 from scipy import sparse
 from scipy.ndimage import gaussian_filter
 from sklearn.cluster import DBSCAN, HDBSCAN, KMeans, SpectralClustering
@@ -488,25 +488,11 @@ def test_symmetrize_graph_keeps_smaller_and_zeros():
 
 
 # ------------------------------------------------------------------ center=True
-def _shifted_digit_copies(n_shapes, n_copies, shift, seed=0):
-    """Copies at any angle, shifted within ``+-shift`` px, of 8 x 8 digits drawn at twice their
-    size on a 28 x 28 canvas; and the shape of each copy."""
-    digits = load_digits_images().images
-    rng = np.random.default_rng(seed)
-    shapes = [np.pad(np.kron(digits[i], np.ones((2, 2))), 6)
-              for i in rng.choice(len(digits), n_shapes, replace=False)]
-    X = np.concatenate([make_transformed_copies(s, n_copies, max_rotation=180,
-                                                max_translation=shift,
-                                                random_state=seed * 1000 + j)[0]
-                        for j, s in enumerate(shapes)])
-    return X.astype(np.float32), np.repeat(np.arange(n_shapes), n_copies)
-
-
 @pytest.mark.parametrize("n_shapes, n_copies, seed", [(5, 3, 0), (3, 5, 1)])
 def test_center_finds_copies_shifted_beyond_the_search(n_shapes, n_copies, seed):
     # copies shifted within +-3 px differ pairwise by up to 7 px per axis; centred on their
     # centres of mass they differ by a rotation, which a +-1 px search holds
-    X, y = _shifted_digit_copies(n_shapes, n_copies, 3, seed)
+    X, y = shifted_digit_copies(n_shapes, n_copies, 3, seed)
     k = n_copies - 1
     knn = InvariantKNeighborsTransformer(n_neighbors=k, max_translation=1, center=True).fit(X)
     dist, ind, tau = knn.kneighbors(return_alignments=True)
@@ -524,7 +510,7 @@ def test_center_finds_copies_shifted_beyond_the_search(n_shapes, n_copies, seed)
 
 
 def test_center_off_is_the_default_and_checked():
-    X, _ = _shifted_digit_copies(2, 3, 1)
+    X, _ = shifted_digit_copies(2, 3, 1)
     assert InvariantKNeighborsTransformer().get_params()["center"] is False
     with pytest.raises(ValueError, match="center"):
         InvariantKNeighborsTransformer(center=1).fit(X)
