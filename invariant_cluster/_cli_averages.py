@@ -83,7 +83,7 @@ def one_step_averages(args, progress, X, den, ctf=None, rotation_center="geometr
 
     # the search's options: what class_averages shares with the kNN transformer
     params = shared_options(vars(args), InvariantKNeighborsTransformer, class_averages,
-                            skip=("image_shape", "n_neighbors"))
+                            skip=("image_shape", "n_neighbors", "center"))
     k = 10 if args.n_neighbors is None else args.n_neighbors
     if k >= len(X):
         raise UsageError(f"--n-neighbors: expected at most {len(X) - 1} for {len(X)} images, "
@@ -162,7 +162,8 @@ def cluster_ctf_averages(args, progress, X, ctf, rotation_center, fit):
     from .kneighbors import InvariantKNeighborsTransformer
 
     search = shared_options(est.get_params(deep=False), InvariantKNeighborsTransformer,
-                            class_averages, skip=("image_shape", "n_neighbors", "device"))
+                            class_averages,
+                            skip=("image_shape", "n_neighbors", "device", "center"))
     with progress.stage(f"CTF-corrected averages of {est.n_clusters_} classes"), \
             _warnings_as_lines():
         averages, tau = class_averages(X, labels=est.labels_, ctf=ctf, snr=args.snr,
