@@ -95,6 +95,7 @@ _FIT_EPILOG = """\
 examples:
   invariant-cluster fit digits.npy --n-clusters 10 --max-rotation 60
   invariant-cluster fit data.npz --group se2 --max-translation 3 --out results/
+  invariant-cluster fit copies.npy --max-translation 1 --center
   invariant-cluster fit t10k-images-idx3-ubyte.gz --labels t10k-labels-idx1-ubyte.gz \\
       --n-samples 500 --n-clusters 10 --max-rotation 60 --n-rotations 25
   invariant-cluster fit photos/ --group rotation --max-rotation 180 --device cuda
@@ -547,6 +548,10 @@ def build_parser():
                  "folder of PNG/JPEG)", _FIT_DESCRIPTION, _FIT_EPILOG)
     _add_input_options(f, "invariant_cluster_out", labels=True)
     _add_estimator_options(f)
+    f.add_argument("--center", action="store_true", default=None,
+                   help="centre every image on its centre of mass before the search, for "
+                        "shapes that move on an empty background (copies shifted within +-S "
+                        "px differ by up to 2.4 S px, beyond --max-translation S)")
 
     ca = _command(sub, "class-averages", _cmd_class_averages, "each image's class average in "
                   "its own pose, written as an MRC stack (.mrcs)", _AVERAGES_DESCRIPTION,

@@ -264,3 +264,18 @@ def test_uint8_input_is_read_as_the_python_api_reads_it(tmp_path, capsys):
     # the centres of a fit in 0..255 are in 0..255 (divided by 255 they would be below 1)
     assert centers.max() > 1.0
     np.testing.assert_allclose(centers, est.cluster_centers_, rtol=1e-4, atol=1e-3)
+
+
+def test_fit_center(tmp_path, capsys):
+    # copies shifted within +-3 px, searched within +-1 px once centred on their centres of mass
+    from _images import shifted_digit_copies
+
+    X, y = shifted_digit_copies(4, 3, 3, seed=0)
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    out = tmp_path / "out"
+    proc = call(capsys, "fit", tmp_path / "x.npy", "--labels", tmp_path / "y.npy",
+                "--max-translation", "1", "--center", "--device", "cpu", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["ARI"] == 1.0
