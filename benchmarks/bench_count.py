@@ -360,8 +360,8 @@ def _fit_into(row, name, Z, *, n_clusters, seed, search):
 
 
 def duplicate_rows(X, y, search, seed, base, fractions=()):
-    """The estimator on X, X twice, X plus a 1e-4 copy, X plus its quarter turns and X
-    permuted; n_clusters None and k.
+    """The estimator on X, X twice, X plus a 1e-4 copy, that copy alone, X plus its quarter
+    turns and X permuted; n_clusters None and k.
 
     ``fractions``: also fit X with a random share of its images appended again (ACC on the
     whole set, to compare with ``single_acc``). ``<fit>_crashed``/``<fit>_error``: whether a
@@ -384,6 +384,7 @@ def duplicate_rows(X, y, search, seed, base, fractions=()):
         if ref is not None:
             row.update({f"single_{m}": v for m, v in measure(y, ref).items()})
         turned = np.ascontiguousarray(np.rot90(X, 1, axes=(-2, -1)))
+        near_labels = None
         for name, Z in (("doubled", np.concatenate([X, X])),
                         ("near", np.concatenate([X, near])),
                         ("rot90", np.concatenate([X, turned]))):
@@ -394,6 +395,17 @@ def duplicate_rows(X, y, search, seed, base, fractions=()):
                 if ref is not None:
                     row[f"{name}_ari_first_half_vs_single"] = float(
                         adjusted_rand_score(ref, lab[:n]))
+                if name == "near":
+                    near_labels = lab
+        # the jittered copy alone, no duplicates: how far a 1e-4 change of every image moves
+        # the partition by itself (Leiden's result depends on the nodes' order, which the
+        # images' content sets)
+        lab = fit("jittered", near)
+        if lab is not None and ref is not None:
+            row["jittered_ari_vs_single"] = float(adjusted_rand_score(ref, lab))
+        if lab is not None and near_labels is not None:
+            row["near_ari_first_half_vs_jittered"] = float(
+                adjusted_rand_score(lab, near_labels[:n]))
         lab = fit("permuted", X[perm])
         if lab is not None:
             lab = lab[inv]
