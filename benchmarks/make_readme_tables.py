@@ -402,12 +402,32 @@ def table_first_fit(r):
          for x in r["rows"]])
 
 
+def _table_duplicates(rows):
+    """The natural sets' rows of ``bench_count --duplicates``: each variant's ARI against the
+    fit of the data as it is (first half, for the stacked variants)."""
+    cols = [("doubled_ari_first_half_vs_single", "stored twice"),
+            ("near_ari_first_half_vs_single", "with a copy jittered by 1e-4"),
+            ("jittered_ari_vs_single", "jittered by 1e-4, alone"),
+            ("near_ari_first_half_vs_jittered", "the stacked fit against the jittered alone"),
+            ("rot90_ari_first_half_vs_single", "with its quarter turns"),
+            ("permuted_ari_vs_single", "permuted")]
+    natural = [x for x in rows if x.get("copies") is None]
+    cols = [(c, name) for c, name in cols if any(c in x for x in natural)]
+    return ("ARI against the fit of the data as it is:\n\n"
+            + md_table(["set", "n_clusters", *[name for _, name in cols]],
+                       [[x["set"], "None" if x["n_clusters"] is None else str(x["n_clusters"]),
+                         *[x.get(c) for c, _ in cols]] for x in natural],
+                       ["l", "l"] + ["r"] * len(cols)))
+
+
 def table_count(r):
     """Copy sets whose count came out exact with ARI >= 0.95, per kind of set and method."""
     summary = [x for x in r.get("summary", []) if x.get("noise") == "all"]
     methods = list(dict.fromkeys(x["method"] for x in summary))
     kinds = list(dict.fromkeys(x["kind"] for x in summary))
     if not summary:
+        if any(x.get("copies") is None for x in r.get("duplicates", [])):
+            return _table_duplicates(r["duplicates"])
         return table_generic(r)
     cell = {(x["kind"], x["method"]): x for x in summary}
     names = {"estimator": "`n_clusters=None`",
