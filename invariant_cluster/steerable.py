@@ -379,22 +379,28 @@ class SteerableWiener(ImageInputMixin, OneToOneFeatureMixin, TransformerMixin, B
         return out.numpy().astype(X2.dtype, copy=False)
 
 
+# the recorrupted-to-recorrupted factor: the pipelines are scored at (1 + a^2) times the images'
+# noise variance, against a target of (1 + 1 / a^2) times it
+_RECORRUPTION = 0.5
+
+
 def steerable_class_averages(X, n_neighbors=10, *, noise_std="auto", rotation_center="fourier",
                              random_state=0, return_choice=False, **search):
-    """Each image denoised with its aligned neighbours, or alone where they do not help.
+    """Each image denoised with its aligned neighbours, alone, or by a blend of the two.
 
     Two estimates of each image, both filtered by :class:`SteerableWiener`: the plain mean of
     the image and its ``n_neighbors`` aligned invariant neighbours
     (:func:`~invariant_cluster.class_averages`, ``snr=None``) at the noise of a mean of
     ``n_neighbors + 1`` images, and the image alone. Averages win when the neighbours are
     views of the same projection, and lose when the noise hides them: then the search picks
-    the images whose noise matches, and their mean adds noise rather than signal. The choice
-    is made on the data by the recorrupted-to-recorrupted risk estimate (Pang et al. 2021):
-    with ``z`` white noise of the images' level, both pipelines run on ``X + z`` and are scored
-    against ``X - z``, whose noise is independent of ``X + z``'s, so the mean squared
-    difference estimates each pipeline's error up to a constant common to both. The decision
-    is made at twice the images' noise variance, so near the break-even point it leans
-    towards the image alone.
+    the images whose noise matches, and their mean adds noise rather than signal. The result
+    is ``w single + (1 - w) averages``, the weight ``w`` in [0, 1] chosen on the data by the
+    recorrupted-to-recorrupted risk estimate (Pang et al. 2021): with ``z`` white noise of the
+    images' level, both pipelines run on ``X + z / 2`` and are scored against ``X - 2 z``,
+    whose noise is independent of ``X + z / 2``'s, so the mean squared difference estimates
+    each blend's error (at 1.25 times the images' noise variance) up to a constant; the risk
+    is quadratic in ``w``, and its minimiser is taken. A pipeline of weight 0 is not run on
+    ``X``.
 
     Parameters
     ----------
@@ -408,8 +414,10 @@ def steerable_class_averages(X, n_neighbors=10, *, noise_std="auto", rotation_ce
     random_state : int, default=0
         Seed of the recorrupting noise ``z``.
     return_choice : bool, default=False
-        Also return a dict: ``"choice"`` ("averages" or "single"), ``"risk"`` (the two risk
-        estimates: mean squared difference per image) and ``"noise_std"``.
+        Also return a dict: ``"weight_single"`` (``w``), ``"choice"`` ("averages" for
+        ``w = 0``, "single" for ``w = 1``, else "blend"), ``"risk"`` (the risk estimates of
+        "averages", "single" and "blend": mean squared difference per image) and
+        ``"noise_std"``.
     **search
         Passed to :func:`~invariant_cluster.class_averages` (``n_rotations``, ``reflection``,
         ``denoise``, ``max_translation``, ``center``, ``device``, ...).
@@ -447,13 +455,29 @@ def steerable_class_averages(X, n_neighbors=10, *, noise_std="auto", rotation_ce
                                         rotation_center=rotation_center, **search))
         return single(avg.reshape(Y.shape), s / math.sqrt(n_neighbors + 1))
 
+    # recorrupted pair: X + a z and X - z / a, independent noises; the pipelines see noise of
+    # std sigma sqrt(1 + a^2)
+    a = _RECORRUPTION
     z = (np.random.default_rng(random_state).standard_normal(Xn.shape) * sigma).astype(Xn.dtype)
-    target = Xn - z
-    risk = {name: float(((fun(Xn + z, sigma * math.sqrt(2)) - target) ** 2)
-                        .reshape(len(Xn), -1).sum(1).mean())
-            for name, fun in (("averages", averages), ("single", single))}
-    chosen = "averages" if risk["averages"] < risk["single"] else "single"
-    out = (averages if chosen == "averages" else single)(Xn, sigma)
+    noisier = sigma * math.sqrt(1 + a * a)
+    target = (Xn - z / a).reshape(len(Xn), -1).astype(np.float64)
+    s_hat = single(Xn + a * z, noisier).reshape(len(Xn), -1).astype(np.float64)
+    a_hat = averages(Xn + a * z, noisier).reshape(len(Xn), -1).astype(np.float64)
+    # risk(w) = ||w (s - a) + (a - t)||^2 / n, minimised over w in [0, 1]
+    d, e = s_hat - a_hat, a_hat - target
+    dd = float((d * d).sum())
+    w = float(np.clip(-(d * e).sum() / dd, 0.0, 1.0)) if dd > 0 else 1.0
+    n = len(Xn)
+    risk = {"averages": float((e * e).sum()) / n,
+            "single": float(((d + e) ** 2).sum()) / n,
+            "blend": float(((w * d + e) ** 2).sum()) / n}
+    del s_hat, a_hat, target, d, e
+    out = np.zeros_like(Xn)
+    if w > 0:
+        out += w * single(Xn, sigma)
+    if w < 1:
+        out += (1 - w) * averages(Xn, sigma)
     if return_choice:
-        return out, {"choice": chosen, "risk": risk, "noise_std": sigma}
+        choice = "averages" if w == 0 else "single" if w == 1 else "blend"
+        return out, {"choice": choice, "weight_single": w, "risk": risk, "noise_std": sigma}
     return out

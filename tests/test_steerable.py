@@ -245,34 +245,62 @@ def _distinct(n, size, seed):
                      for _ in range(n)])
 
 
-def test_steerable_class_averages_picks_the_averages_when_neighbours_are_copies():
+def _pipelines(X, sigma, k, **kw):
+    """The two estimates steerable_class_averages blends, computed independently: the image
+    filtered alone, and the plain mean of it and its k neighbours filtered at sigma / sqrt(k+1)."""
     from invariant_cluster import class_averages
+
+    single = SteerableWiener(noise_std=sigma).fit_transform(X).reshape(X.shape)
+    avg = class_averages(X, n_neighbors=k, rotation_center="fourier", **kw)
+    means = SteerableWiener(noise_std=sigma / math.sqrt(k + 1)).fit_transform(avg)
+    return single, means.reshape(X.shape)
+
+
+def _error(Z, clean):
+    return float(np.linalg.norm((Z - clean).reshape(len(Z), -1)))
+
+
+def test_steerable_class_averages_leans_on_the_averages_when_neighbours_are_copies():
     from invariant_cluster.steerable import steerable_class_averages
 
     clean, X = _bars(150, 16, seed=7, noise=0.5)
     kw = dict(n_rotations=36, refine=False, device="cpu")
     out, info = steerable_class_averages(X, n_neighbors=6, noise_std=0.5, return_choice=True,
                                          **kw)
-    assert info["choice"] == "averages" and info["risk"]["averages"] < info["risk"]["single"]
-    avg = class_averages(X, n_neighbors=6, rotation_center="fourier", **kw)
-    ref = SteerableWiener(noise_std=0.5 / math.sqrt(7)).fit_transform(avg).reshape(X.shape)
-    np.testing.assert_allclose(out, ref, atol=1e-6)
-    err = np.linalg.norm((out - clean).reshape(150, -1))
-    single = SteerableWiener(noise_std=0.5).fit_transform(X).reshape(X.shape)
-    assert err < np.linalg.norm((single - clean).reshape(150, -1))
+    w = info["weight_single"]
+    assert 0 <= w < 0.5 and info["risk"]["blend"] <= min(info["risk"]["averages"],
+                                                         info["risk"]["single"])
+    single, means = _pipelines(X, 0.5, 6, **kw)
+    np.testing.assert_allclose(out, w * single + (1 - w) * means, atol=1e-5)
+    assert _error(out, clean) < 0.9 * _error(single, clean)
 
 
-def test_steerable_class_averages_keeps_the_image_alone_without_neighbours():
+def test_steerable_class_averages_leans_on_the_image_alone_without_neighbours():
     from invariant_cluster.steerable import steerable_class_averages
 
     rng = np.random.default_rng(1)
     clean = _distinct(150, 16, seed=2)
     X = clean + 2.0 * rng.standard_normal(clean.shape)
-    out, info = steerable_class_averages(X, n_neighbors=6, return_choice=True, n_rotations=8,
-                                         refine=False, device="cpu")
-    assert info["choice"] == "single" and abs(info["noise_std"] - 2.0) < 0.2
-    ref = SteerableWiener(noise_std=info["noise_std"]).fit_transform(X).reshape(X.shape)
-    np.testing.assert_allclose(out, ref, atol=1e-6)
+    kw = dict(n_rotations=8, refine=False, device="cpu")
+    out, info = steerable_class_averages(X, n_neighbors=6, return_choice=True, **kw)
+    w = info["weight_single"]
+    assert 0.5 < w <= 1 and abs(info["noise_std"] - 2.0) < 0.2
+    single, means = _pipelines(X, info["noise_std"], 6, **kw)
+    np.testing.assert_allclose(out, w * single + (1 - w) * means, atol=1e-5)
+    assert _error(out, clean) < 0.97 * _error(means, clean)
+
+
+def test_steerable_class_averages_without_noise_is_the_identity():
+    # no noise given: the filter is the identity and the image alone has no error (weight 1,
+    # and the averages are not computed on X)
+    from invariant_cluster.steerable import steerable_class_averages
+
+    _, X = _bars(60, 16, seed=3, noise=0.05)
+    out, info = steerable_class_averages(X, n_neighbors=5, noise_std=0.0, return_choice=True,
+                                         n_rotations=36, refine=False, device="cpu")
+    assert info["weight_single"] == 1 and info["choice"] == "single"
+    assert info["risk"]["single"] == 0
+    np.testing.assert_array_equal(out, X.reshape(out.shape))
 
 
 def test_steerable_class_averages_bad_input():
