@@ -548,17 +548,19 @@ def ours_ctf_part(data, args):
                 f"sqrt({args.k + 1})), k={args.k}", filt,
                 **neighbour_scores(rots, ind, tau[..., 3].astype(bool)),
                 seconds=seconds + time.perf_counter() - t0)
-            # the same, or the images filtered alone, as the risk estimate on the data says
+            # the same blended with the images filtered alone, as the risk estimate on the data
+            # says
             t0 = time.perf_counter()
             out, choice = steerable_class_averages(
                 X, n_neighbors=args.k, n_rotations=72, reflection=True, refine=args.refine,
                 device="cpu", denoise=DihedralPCA(comps, output_size=size),
                 rotation_center="fourier", return_choice=True)
-            row(f"ours: steerable_class_averages (the filtered means or the images filtered "
-                f"alone, chosen by the recorrupted-to-recorrupted risk), k={args.k}",
-                out.reshape(X.shape), choice=choice["choice"],
+            row(f"ours: steerable_class_averages (the filtered means and the images filtered "
+                f"alone, blended by the weight of least recorrupted-to-recorrupted risk), "
+                f"k={args.k}", out.reshape(X.shape), choice=choice["choice"],
+                weight_single=choice["weight_single"],
                 risk_single=choice["risk"]["single"], risk_averages=choice["risk"]["averages"],
-                seconds=time.perf_counter() - t0)
+                risk_blend=choice["risk"]["blend"], seconds=time.perf_counter() - t0)
     return rows
 
 

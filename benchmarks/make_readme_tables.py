@@ -462,6 +462,8 @@ def _cryoem_ctf_kind(method):
         return "cov2d"
     if method.startswith("ASPIRE RIRClass2D"):
         return "rir"
+    if method.startswith("ours: SteerableWiener alone (noise_std ="):
+        return "steerable_given " + method.split("= ", 1)[1].split(" x", 1)[0]
     if method.startswith("ours: SteerableWiener alone"):
         return "steerable"
     if method.startswith("ours: steerable_class_averages"):
@@ -519,7 +521,7 @@ def table_cryoem_ctf(r):
                    "ours: plain mean", "ours: Wiener, snr='auto'", "ours: Wiener, true SNR",
                    "ours: Wiener 'auto', search on DihedralPCA('auto', 32)",
                    "ours: plain mean + SteerableWiener",
-                   "ours: steerable_class_averages (risk-chosen)",
+                   "ours: steerable_class_averages (risk-weighted blend)",
                    "rel. MSE Cov2D", "rel. MSE ours (auto)"], avg, ["l", "l"] + ["r"] * 12)
     t2 = md_table(["SNR", "CTF", "ASPIRE RIRClass2D", "ours, rotation_center='fourier'",
                    "ours, 'geometric'", "ours, DihedralPCA('auto', 32)", "its components",

@@ -38,8 +38,8 @@ def add_cryoem_options(parser):
     c.add_argument("--steerable-filter", action="store_true",
                    help="no --star or --snr: the plain means of k + 1 images filtered by the "
                         "covariance Wiener filter in a Fourier-Bessel basis (SteerableWiener) "
-                        "at the measured noise / sqrt(k + 1), or each image filtered alone "
-                        "where a risk estimate on the data says its neighbours do not help "
+                        "at the measured noise / sqrt(k + 1), blended with each image "
+                        "filtered alone by the weight a risk estimate on the data prefers "
                         "(steerable_class_averages)")
     c.add_argument("--rotation-center", choices=["auto", "geometric", "fourier"],
                    default="auto",
