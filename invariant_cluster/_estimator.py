@@ -19,6 +19,7 @@ from sklearn.utils.validation import validate_data
 
 from ._utils import check_magnitude, flatten_images, resolve_image_shape
 from .search import GROUPS, make_search_grid
+from .search.descriptors import centred_images
 
 # every estimator that searches on the grid
 SEARCH_CONSTRAINTS = {
@@ -72,7 +73,8 @@ class ImageInputMixin:
 
 
 class SE2SearchMixin(ImageInputMixin):
-    """``_parameter_constraints``, ``_grid`` and ``_validate`` of the SE(2) estimators."""
+    """``_parameter_constraints``, ``_grid``, ``_validate`` and ``_centred`` of the SE(2)
+    estimators."""
 
     _parameter_constraints: dict = dict(SEARCH_CONSTRAINTS)
 
@@ -83,3 +85,12 @@ class SE2SearchMixin(ImageInputMixin):
         return make_search_grid(self.group, self.max_rotation, self.n_rotations,
                                 self.max_translation, bool(refine), self.reflection,
                                 image_shape=getattr(self, "image_shape_", None))
+
+    def _centred(self, X2):
+        """``(X2, offsets)``: the validated rows centred on their centres of mass where the
+        estimator has ``center=True`` (offsets ``(n, 2)`` of those centres from the image
+        centre), else ``(X2, None)``."""
+        if not getattr(self, "center", False):
+            return X2, None
+        out, offsets = centred_images(X2, tuple(self.image_shape_))
+        return out.astype(X2.dtype, copy=False), offsets

@@ -22,10 +22,8 @@ from .denoise import DihedralPCA
 from .kneighbors import InvariantKNeighborsTransformer
 from .neighbors import aligned_weighted_sum
 from .search import make_search_grid
-from .search.descriptors import centred_images
 from .transforms import (
     check_rotation_center,
-    compose_se2,
     fast_warp,
     pad_for_centre,
 )
@@ -358,21 +356,13 @@ def _aligned_neighbors(Xt, shape, n_neighbors, *, denoise, center, device, max_t
         pca = _fitted_denoiser(denoise, Xt)
         search = pca.transform(Xt.cpu().numpy())
         search_shape, scale = pca.image_shape_out_, pca.scale_
-    offsets = None
-    if center:
-        search, offsets = centred_images(search, search_shape)
+    # with center, the transformer centres the search images and gives alignments of them
+    # as given (uncentred)
     knn = InvariantKNeighborsTransformer(n_neighbors=int(n_neighbors),
                                          max_translation=max_translation / scale,
-                                         image_shape=search_shape, device=device, **search_kw)
+                                         image_shape=search_shape, device=device,
+                                         center=bool(center), **search_kw)
     _, ind, tau = knn.fit(search).kneighbors(return_alignments=True)
-    if offsets is not None:
-        # T_(0, d_i) T_tau T_(0, -d_j): un-centre the image, centre the neighbour
-        zero = np.zeros((n, 1))
-        to_i = np.concatenate([zero, offsets, zero], 1)[:, None]
-        from_j = np.concatenate([zero, -offsets, zero], 1)[ind]
-        full = compose_se2(np.broadcast_to(to_i, from_j.shape),
-                           compose_se2(tau.astype(np.float64), from_j))
-        tau = full[..., :tau.shape[-1]].astype(tau.dtype)  # (the mirror bit is kept as is)
     tau[..., 1:3] *= scale  # shifts on the denoised copy's pixels, in the input's
     return ind, tau
 

@@ -52,7 +52,6 @@ from ._utils import resolve_device
 from ._weights import attention_weights, calibrate_bandwidth  # noqa: F401 - as before
 from .denoise import RadialWiener
 from .search import all_pairs, candidate_search, knn_search, make_search_plan, refine_pairs
-from .search.descriptors import centred_images
 from .transforms import compose_se2, fast_warp
 
 __all__ = ["InvariantAttentionClusterer", "invariant_attention_clustering"]
@@ -370,15 +369,6 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         self.center = center
 
     # ------------------------------------------------------------------ helpers
-    def _centred(self, X2):
-        """``(X2, offsets)``: the validated rows, centred on their centres of mass with
-        ``center=True`` (offsets ``(n, 2)`` of those centres from the image centre), else
-        ``(X2, None)``."""
-        if not self.center:
-            return X2, None
-        out, offsets = centred_images(X2, tuple(self.image_shape_))
-        return out.astype(X2.dtype, copy=False), offsets
-
     def _tensor(self, X2, device, copy=True):
         """``X2`` as images; a copy unless ``copy=False`` (for a new array of the fit's own:
         the input may be read-only, and the fit must never write into it)."""

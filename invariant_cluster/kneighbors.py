@@ -36,7 +36,6 @@ from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
 from ._heap import reusing_heap
 from ._utils import resolve_device, to_tensor
 from .search import knn_search, make_search_plan, refine_pairs
-from .search.descriptors import centred_images
 from .transforms import compose_se2
 
 __all__ = ["InvariantKNeighborsTransformer", "invariant_kneighbors_graph", "symmetrize_graph",
@@ -239,14 +238,6 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         self.client = client
         self.reflection = reflection
         self.center = center
-
-    def _centred(self, X2):
-        """``(X2, offsets)``: the rows centred on their centres of mass with ``center=True``
-        (offsets ``(n, 2)`` from the image centre), else ``(X2, None)``."""
-        if not self.center:
-            return X2, None
-        out, offsets = centred_images(X2, tuple(self.image_shape_))
-        return out.astype(X2.dtype, copy=False), offsets
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=True)
