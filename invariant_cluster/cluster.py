@@ -128,7 +128,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         count with ``max_translation=2``); on images whose centre of mass is not a stable
         landmark (clothing, natural classes already centred) it can cost accuracy.
         ``alignments_`` and ``invariant_means_`` stay in the input's frame. The
-        centring interpolates each image once (bilinear), which smooths its noise a little.
+        centring interpolates each image once (bilinear), which smooths its finest detail and
+        its noise (``noise_std_`` is measured after it, and comes out lower).
     bandwidth : "auto" or float, default="auto"
         "auto": per sample, umap-learn's calibration on the invariant distances ``d_ij`` to
         the ``n_neighbors`` nearest samples: ``rho_i = d_i1`` (the nearest) and ``sigma_i``

@@ -157,7 +157,7 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         within ``+-s`` pixels differ by up to ``s (1 + sqrt(2))`` pixels per axis. The
         distances are those of the centred images; the alignments of :meth:`kneighbors` warp
         the images as given. The centring interpolates each image once (bilinear), which smooths
-        its noise a little.
+        its finest detail and its noise.
 
     Attributes
     ----------
