@@ -16,7 +16,8 @@ Rows, each timed with ``torch.cuda.synchronize()``:
   the largest relative change of the kept distances, and the recall of the FP32 top-15 on 500
   queries; then the fit with TF32, its ACC;
 - ``mnist_rotated``: 10,000 MNIST test digits rotated within +-45 degrees,
-  ``max_rotation=60, n_rotations=24`` (the clustering benchmark's row);
+  ``max_rotation=60, n_rotations=24`` (the clustering benchmark's row), the default plan and
+  the descriptor shortlist;
 - ``transformer``: ``InvariantKNeighborsTransformer(n_neighbors=15, max_rotation=15,
   n_rotations=7, max_translation=1).fit_transform`` on the Fashion-MNIST images.
 
@@ -102,6 +103,38 @@ class matmul_precision:
         torch.set_float32_matmul_precision(self.before)
 
 
+def profile_fit(X, params, device, folder):
+    """One more default fit under cProfile and torch.profiler; text summaries in ``folder``."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from invariant_cluster import InvariantAttentionClusterer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    prof = cProfile.Profile()
+    _sync(device)
+    prof.enable()
+    InvariantAttentionClusterer(**params).fit(X)
+    _sync(device)
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(60)
+    (folder / "fit_cprofile.txt").write_text(buf.getvalue())
+    activities = [ProfilerActivity.CPU]
+    if torch.device(device).type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as tp:
+        InvariantAttentionClusterer(**params).fit(X)
+        _sync(device)
+    key = "cuda_time_total" if torch.device(device).type == "cuda" else "cpu_time_total"
+    (folder / "fit_kernels.txt").write_text(
+        tp.key_averages().table(sort_by=key, row_limit=40))
+
+
 def main(argv=None):
     import torch
 
@@ -114,6 +147,9 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=None, help="Fashion-MNIST images (default: all)")
     p.add_argument("--quick", action="store_true", help="2,000 images per row")
     p.add_argument("--out", default=None)
+    p.add_argument("--profile", default=None,
+                   help="folder for a profile of one more default Fashion-MNIST fit: Python's "
+                        "cumulative times and the device's kernels (torch.profiler)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device visible: run on a GPU machine, or --device cpu --quick")
@@ -132,7 +168,7 @@ def main(argv=None):
     X, y, source = fashion(args)
     n = len(X)
     params = dict(n_clusters=10, max_rotation=15, n_rotations=7, max_translation=1,
-                  random_state=0, device=dev)
+                  random_state=0, device="auto" if dev == "cuda" else dev)
     est, t = timed(lambda: InvariantAttentionClusterer(**params).fit(X), dev)
     plan = est.search_plan_
     add({"row": "fashion", "data": source, "n": n, "path": "default (first fit in process)",
@@ -167,12 +203,20 @@ def main(argv=None):
          "tf32_fit_s": t, "tf32_acc": scores(y, tf.labels_)["acc"],
          "plan": plan.to_dict()})
 
+    if args.profile:
+        profile_fit(X, params, dev, Path(args.profile))
+
     m = 2000 if args.quick else 10_000
     Xm, ym = rotated_mnist(args, m)
-    mp = dict(n_clusters=10, max_rotation=60.0, n_rotations=24, random_state=0, device=dev)
+    mp = dict(n_clusters=10, max_rotation=60.0, n_rotations=24, random_state=0,
+              device=params["device"])
     em, t = timed(lambda: InvariantAttentionClusterer(**mp).fit(Xm), dev)
-    add({"row": "mnist_rotated", "n": m, "seconds": t, **scores(ym, em.labels_),
-         "plan": em.search_plan_.to_dict()})
+    add({"row": "mnist_rotated", "n": m, "path": "default", "seconds": t,
+         **scores(ym, em.labels_), "plan": em.search_plan_.to_dict()})
+    es, t = timed(lambda: InvariantAttentionClusterer(neighbor_search="shortlist", **mp).fit(Xm),
+                  dev)
+    add({"row": "mnist_rotated", "n": m, "path": "neighbor_search='shortlist'", "seconds": t,
+         **scores(ym, es.labels_), "plan": es.search_plan_.to_dict()})
 
     tr = InvariantKNeighborsTransformer(n_neighbors=15, max_rotation=15, n_rotations=7,
                                         max_translation=1, device=dev)
