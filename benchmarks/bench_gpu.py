@@ -203,9 +203,6 @@ def main(argv=None):
          "tf32_fit_s": t, "tf32_acc": scores(y, tf.labels_)["acc"],
          "plan": plan.to_dict()})
 
-    if args.profile:
-        profile_fit(X, params, dev, Path(args.profile))
-
     m = 2000 if args.quick else 10_000
     Xm, ym = rotated_mnist(args, m)
     mp = dict(n_clusters=10, max_rotation=60.0, n_rotations=24, random_state=0,
@@ -222,6 +219,8 @@ def main(argv=None):
                                         max_translation=1, device=dev)
     _, t = timed(lambda: tr.fit_transform(X), dev)
     add({"row": "transformer", "n": n, "seconds": t, "plan": tr.search_plan_.to_dict()})
+    if args.profile:
+        profile_fit(X, params, dev, Path(args.profile))
     return result
 
 
