@@ -33,17 +33,25 @@ def content_keys(flat, rows=None):
     """Two fixed random projections (float64) of each row of ``flat`` ``(n, ...)`` (an array or
     a tensor on any device; each row flattened), or of the rows ``rows`` of it: of its values
     sorted, which no permutation of the pixels changes (a quarter turn, an integer shift of
-    content inside the frame), and of the row itself."""
+    content inside the frame), and of the row itself.
+
+    The values are sorted in their own dtype where they lie (on the card for a CUDA tensor):
+    sorting is exact, so the keys are the same on every device."""
     direction = np.random.RandomState(0).standard_normal(math.prod(flat.shape[1:]))
     n = flat.shape[0] if rows is None else len(rows)
     invariant, raw = [], []
     # in blocks: a float64 copy of all the images at once would double the memory
     for i in range(0, n, 8192):
         b = flat[i:i + 8192] if rows is None else flat[rows[i:i + 8192]]
-        b = np.asarray(b.cpu() if isinstance(b, torch.Tensor) else b,
-                       dtype=np.float64).reshape(len(b), -1)
-        raw.append(b @ direction)
-        invariant.append(np.sort(b, axis=1) @ direction)
+        if isinstance(b, torch.Tensor) and b.device.type != "cpu":
+            b = b.reshape(len(b), -1)
+            ordered = torch.sort(b, dim=1).values.cpu().numpy()
+            b = b.cpu().numpy()
+        else:
+            b = np.asarray(b.cpu() if isinstance(b, torch.Tensor) else b).reshape(len(b), -1)
+            ordered = np.sort(b, axis=1)
+        raw.append(b.astype(np.float64) @ direction)
+        invariant.append(ordered.astype(np.float64) @ direction)
     return np.concatenate(invariant), np.concatenate(raw)
 
 

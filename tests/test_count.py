@@ -14,7 +14,12 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
 
 from invariant_cluster import InvariantAttentionClusterer
-from invariant_cluster._duplicates import near_duplicates, unique_in_canonical_order
+from invariant_cluster._duplicates import (
+    canonical_order,
+    content_keys,
+    near_duplicates,
+    unique_in_canonical_order,
+)
 from invariant_cluster._grouping import separated_groups
 from invariant_cluster.datasets import load_digits_images, make_transformed_copies
 
@@ -238,6 +243,28 @@ def test_unique_in_canonical_order():
     perm = rng.permutation(20)
     first_p, _ = unique_in_canonical_order(X[perm])
     np.testing.assert_array_equal(X[perm][first_p], X[first])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.uint8])
+def test_content_keys_are_the_same_for_arrays_and_tensors_on_every_device(dtype):
+    """The keys are sorted values projected in float64: the same for an array, a CPU tensor and
+    a CUDA tensor (sorted on the card), whole or by rows; and a quarter turn of every image
+    keeps the first key and the canonical order of images with distinct values."""
+    rng = np.random.default_rng(3)
+    X = (rng.random((50, 6, 6)) * 200).astype(dtype)
+    rows = rng.permutation(50)[:20]
+    ref = content_keys(X)
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for dev in devices:
+        t = torch.as_tensor(X, device=dev)
+        for got, want in ((content_keys(t), ref),
+                          (content_keys(t, torch.as_tensor(rows, device=dev)),
+                           content_keys(X, rows))):
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+    turned = np.rot90(X, 1, (1, 2))
+    np.testing.assert_array_equal(content_keys(turned)[0], ref[0])
+    np.testing.assert_array_equal(canonical_order(turned), canonical_order(X))
 
 
 def test_near_duplicates():

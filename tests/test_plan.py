@@ -112,8 +112,10 @@ def test_the_estimators_record_their_plan():
     X = rng.random((60, 10, 10)).astype(np.float32)
     est = InvariantAttentionClusterer(3, n_rotations=8, random_state=0).fit(X)
     assert isinstance(est.search_plan_, SearchPlan)
+    # device="auto": the card where one is visible
+    kind = "cuda" if torch.cuda.is_available() else "cpu"
     assert est.search_plan_ == make_search_plan(60, 60, est._grid(refine=False).size,
-                                                est.n_neighbors, device="cpu")
+                                                est.n_neighbors, device=kind)
     assert est.search_plan_.method == "exact"
     forced = InvariantAttentionClusterer(3, n_rotations=8, neighbor_search="shortlist",
                                          n_candidates=20, random_state=0).fit(X)

@@ -12,7 +12,7 @@ import torch
 from .. import _memory
 from .._progress import progress_bar
 from .grid import check_int
-from .kernel import grid_min, mask_excluded, merge_topk
+from .kernel import mask_excluded, merge_topk
 
 __all__ = ["check_descriptors", "shortlist"]
 
@@ -39,8 +39,9 @@ def shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *, batch
     """The ``n_candidates`` nearest keys of every query by descriptor distance.
 
     Blocked: squared distances ``||x||^2 + ||y||^2 - 2 <x, y>`` of a block of queries against a
-    chunk of keys (one matrix product), minimised over the copies of each image, and merged into
-    a running top-``n_candidates`` (memory ``O(n_x n_candidates + block)``).
+    chunk of keys (one matrix product, ``||y||^2`` its bias), minimised over the copies of each
+    image, and merged into a running top-``n_candidates`` (memory
+    ``O(n_x n_candidates + block)``).
 
     Parameters
     ----------
@@ -79,14 +80,16 @@ def shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *, batch
         bar.update()
         Q = Xd[q0:q0 + qb].reshape(-1, d)
         b = Q.shape[0] // U
-        qsq = (Q * Q).sum(1).reshape(b, 1, U, 1)
+        qsq = (Q * Q).sum(1).reshape(b, U, 1)
         ex = None if exclude is None else exclude[q0:q0 + b]
         top = None
         for k0 in range(0, n_y, kc):
             k1 = min(n_y, k0 + kc)
-            scores = (Q @ Yflat[k0 * V:k1 * V].T).reshape(b, U, k1 - k0, V).permute(0, 2, 1, 3)
-            D, _ = grid_min(scores, ysq[k0 * V:k1 * V].reshape(1, k1 - k0, 1, V), qsq,
-                            return_arg=False)
+            # ||y||^2 - 2 <x, y>, minimised over the key's copies (contiguous), then ||x||^2
+            # added and minimised over the query's copies (rounding is monotone: the same
+            # minimum as adding both before)
+            D = torch.addmm(ysq[k0 * V:k1 * V], Q, Yflat[k0 * V:k1 * V].T, alpha=-2.0)
+            D = D.view(b, U, k1 - k0, V).amin(3).add_(qsq).amin(1).clamp_(min=0.0)
             keys = torch.arange(k0, k1, device=device)
             mask_excluded(D, keys, ex)
             top = merge_topk(top, D, keys.expand(b, -1), None, m)

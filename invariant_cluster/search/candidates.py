@@ -10,7 +10,7 @@ from .. import _memory
 from .._dask import blocked_map
 from .._heap import release
 from .grid import SearchGrid, check_int
-from .kernel import grid_min, mask_excluded, merge_topk, shift_energies, shift_margin, warp_canvas
+from .kernel import mask_excluded, merge_topk, shift_energies, shift_margin, warp_canvas
 
 __all__ = ["candidate_search"]
 
@@ -44,7 +44,8 @@ def _key_block(block, X, xsq, shifts, angles, reflection=False):
     if pad == 0:
         # the key's matrix over all angles is a strided view of the warps (leading dimension
         # ``kb canvas``) that the batched product reads as is: no copy
-        scores = torch.bmm(Xg, by_key.transpose(1, 2))  # (kb, m, R)
+        # ||T y||^2 - 2 <x, T y> in one batched product, the energies its bias: (kb, m, R)
+        scores = torch.baddbmm(E, Xg, by_key.transpose(1, 2), alpha=-2.0)
     else:
         # <P_(m - t) x, Z> = <x, the H x W window of Z at offset m - t>: the shifts are crops of
         # the key's canvas and the gathered queries stay H x W. All (2m + 1)^2 windows are
@@ -57,8 +58,10 @@ def _key_block(block, X, xsq, shifts, angles, reflection=False):
         off = torch.as_tensor((pad - shifts[:, 1]) * P + (pad - shifts[:, 0]), device=Kw.device)
         cols = (torch.arange(R, device=Kw.device)[:, None] * (P * P) + off[None]).reshape(-1)
         scores = torch.index_select(torch.bmm(Xg, Z.transpose(1, 2)), 2, cols)
-    xq = torch.index_select(xsq, 0, qi).view(kb, m, 1)
-    dist, arg = grid_min(scores, E, xq)
+        scores = torch.add(E, scores, alpha=-2.0, out=scores)
+    # ||x||^2 added to the minimum over the grid (rounding is monotone: the same as before it)
+    dist, arg = scores.min(2)
+    dist = dist.add_(torch.index_select(xsq, 0, qi).view(kb, m)).clamp_(min=0.0)
     dist[qidx < 0] = math.inf
     return dist, arg
 
@@ -91,8 +94,8 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
     ``(kb, m, F) @ (kb, F, R S)`` (``m`` the queries per key, padded within a block of keys of
     similar in-degree; without shifts the keys' side is a strided view of the warps, no copy).
     Energies ``||S_t T_r y||^2`` come from ``shift_energies`` and the distance is
-    ``||x||^2 + ||S_t T_r y||^2 - 2 <x, S_t T_r y>``, as in ``grid_search`` (the same kernel,
-    :func:`~invariant_cluster.search.kernel.grid_min`). Memory is bounded by the key blocks.
+    ``||x||^2 + ||S_t T_r y||^2 - 2 <x, S_t T_r y>``, as in ``grid_search``, minimised over the
+    grid (first minimum in grid order). Memory is bounded by the key blocks.
 
     Parameters
     ----------

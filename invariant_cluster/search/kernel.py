@@ -1,9 +1,10 @@
 """The block kernel of every search, and the exact all-pairs search built on it.
 
 One block of the search compares queries with keys warped by every grid transformation:
-scores (one matrix product) -> distances ``||x||^2 + ||T y||^2 - 2 <x, T y>`` -> min over the grid
-(:func:`grid_min`) -> the excluded pairs set to ``inf`` (:func:`mask_excluded`) -> merged into a
-running top-``k`` (:func:`merge_topk`) -> grid points decoded into parameters
+scores and key energies (one matrix product, the energies its bias) -> min over the grid, then
+``||x||^2`` added (:func:`block_distances`) -> the excluded pairs set to ``inf``
+(:func:`mask_excluded`) -> merged into a running top-``k`` (:func:`merge_topk`) -> grid points
+decoded into parameters
 (:meth:`SearchGrid.decode`). The exact all-pairs search (:func:`grid_search`), its Dask twin
 (:func:`blocked_grid_search`), the candidate search (:mod:`.candidates`) and the descriptor
 shortlist (:mod:`.shortlist`) are loops over blocks around these four steps.
@@ -32,20 +33,6 @@ __all__ = ["grid_search", "blocked_grid_search"]
 
 
 # ----------------------------------------------------------------------------- the kernel
-def grid_min(scores: torch.Tensor, key_energy, query_energy, *, return_arg=True):
-    """Distances at every grid point from inner products, minimised over the grid.
-
-    ``scores`` ``(b, c, *grid)`` (any strides; overwritten), ``key_energy`` ``||T y||^2`` and
-    ``query_energy`` ``||x||^2`` broadcastable to it. Returns ``dist`` ``(b, c)`` clamped at 0
-    and (``return_arg``) ``arg`` ``(b, c)``, the first best grid point in C order of ``*grid``.
-    """
-    d = scores.mul_(-2.0).add_(key_energy).add_(query_energy)
-    if not return_arg:
-        return d.amin(dim=tuple(range(2, d.ndim))).clamp_(min=0.0), None
-    dist, arg = d.flatten(2).min(2)
-    return dist.clamp_(min=0.0), arg
-
-
 def mask_excluded(dist: torch.Tensor, keys: torch.Tensor, exclude) -> torch.Tensor:
     """Set ``dist[i, j] = inf`` where the key index of column ``j`` is ``exclude[i]``."""
     if exclude is not None:
@@ -73,12 +60,27 @@ def block_distances(Q: torch.Tensor, xsq: torch.Tensor, Kw: torch.Tensor, E: tor
 
     ``Q`` ``(b, S, F)`` from :func:`shift_images`, ``xsq`` ``(b,)``, ``Kw`` ``(c, R, F)`` from
     :func:`warp_keys`, ``E`` ``(c, R, S)`` from :func:`shift_energies`. Returns ``(dist, arg)``
-    ``(b, c)`` with ``arg = r * S + s``.
+    ``(b, c)`` with ``arg = r * S + s``, the first best grid point in that order.
+
+    ``||T y||^2 - 2 <x, T y>`` comes out of one product (the key energies as its bias, the factor
+    -2 as its scale), the minimum is taken over the shifts and then over the angles along
+    contiguous axes, and ``||x||^2`` is added to the ``(b, c)`` minimum: rounding is monotone, so
+    this equals adding it before the minimum, bit for bit.
     """
     b, S, nf = Q.shape
     c, R = Kw.shape[:2]
-    scores = (Q.reshape(b * S, nf) @ Kw.reshape(c * R, nf).T).reshape(b, S, c, R)
-    return grid_min(scores.permute(0, 2, 3, 1), E[None], xsq[:, None, None, None])
+    Kf = Kw.reshape(c * R, nf)
+    if S == 1:
+        d = torch.addmm(E.reshape(c * R), Q.reshape(b, nf), Kf.T, alpha=-2.0).view(b, c, R)
+        dist, arg = d.min(2)
+    else:
+        # one batched product per shift, each with the energies of that shift as its bias
+        d = torch.baddbmm(E.permute(2, 0, 1).reshape(S, 1, c * R), Q.transpose(0, 1),
+                          Kf.T.expand(S, nf, c * R), alpha=-2.0).view(S, b, c, R)
+        d, s = d.min(0)  # (b, c, R): the best (first) shift at every angle
+        dist, r = d.min(2)
+        arg = r * S + s.gather(2, r[:, :, None])[:, :, 0]
+    return dist.add_(xsq[:, None]).clamp_(min=0.0), arg
 
 
 # ----------------------------------------------------------------------------- the canvas
