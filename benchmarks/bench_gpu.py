@@ -104,7 +104,7 @@ class matmul_precision:
         torch.set_float32_matmul_precision(self.before)
 
 
-def profile_fit(X, params, device, folder):
+def profile_fit(X, params, device, folder, prefix=""):
     """One more default fit under cProfile and torch.profiler; text summaries in ``folder``."""
     import cProfile
     import io
@@ -124,7 +124,7 @@ def profile_fit(X, params, device, folder):
     prof.disable()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(60)
-    (folder / "fit_cprofile.txt").write_text(buf.getvalue())
+    (folder / f"{prefix}fit_cprofile.txt").write_text(buf.getvalue())
     activities = [ProfilerActivity.CPU]
     if torch.device(device).type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -132,7 +132,7 @@ def profile_fit(X, params, device, folder):
         InvariantAttentionClusterer(**params).fit(X)
         _sync(device)
     key = "cuda_time_total" if torch.device(device).type == "cuda" else "cpu_time_total"
-    (folder / "fit_kernels.txt").write_text(
+    (folder / f"{prefix}fit_kernels.txt").write_text(
         tp.key_averages().table(sort_by=key, row_limit=40))
 
 
@@ -149,10 +149,13 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=None, help="Fashion-MNIST images (default: all)")
     p.add_argument("--quick", action="store_true", help="2,000 images per row")
     p.add_argument("--out", default=None)
+    p.add_argument("--rows", default="fashion,exact,knn,tf32,mnist,transformer",
+                   help="rows to run, comma separated (default: all)")
     p.add_argument("--profile", default=None,
                    help="folder for a profile of one more default Fashion-MNIST fit: Python's "
                         "cumulative times and the device's kernels (torch.profiler)")
     args = p.parse_args(argv)
+    wanted = set(args.rows.split(","))
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device visible: run on a GPU machine, or --device cpu --quick")
     if args.quick:
@@ -182,57 +185,66 @@ def main(argv=None):
     add({"row": "fashion", "data": source, "n": n, "path": "default (second fit)",
          "seconds": t, **scores(y, est2.labels_),
          "same_labels": bool(np.array_equal(est.labels_, est2.labels_))})
-    ex, t = timed(lambda: InvariantAttentionClusterer(neighbor_search="exact", **params).fit(X),
-                  dev)
-    add({"row": "fashion", "data": source, "n": n, "path": "neighbor_search='exact'",
-         "seconds": t, **scores(y, ex.labels_), "plan": ex.search_plan_.to_dict()})
+    if "exact" in wanted:
+        ex, t = timed(
+            lambda: InvariantAttentionClusterer(neighbor_search="exact", **params).fit(X), dev)
+        add({"row": "fashion", "data": source, "n": n, "path": "neighbor_search='exact'",
+             "seconds": t, **scores(y, ex.labels_), "plan": ex.search_plan_.to_dict()})
 
-    # the kNN stage alone, FP32 and TF32, with the fit's plan
+    # the kNN stage alone with the fit's plan, its recall of the exact top-15 on 500 queries
+    # (those queries against every image), and the same in TF32
     grid = est._grid(refine=False)
     Xt = torch.as_tensor(X, device=dev).reshape(n, 1, 28, 28)
     own = torch.arange(n, device=dev)
-    with torch.no_grad():
-        (D32, I32, _), t32 = timed(lambda: knn_search(Xt, Xt, grid, 15, plan=plan, exclude=own),
-                                   dev)
-        with matmul_precision("high"):
-            (D19, I19, _), t19 = timed(
-                lambda: knn_search(Xt, Xt, grid, 15, plan=plan, exclude=own), dev)
     q = torch.as_tensor(np.random.default_rng(0).choice(n, min(500, n), replace=False),
                         device=dev)
-    recall = float((I19[q][:, :, None] == I32[q][:, None, :]).any(1).double().mean())
-    # the plan's top-15 against the exact top-15 of the same 500 queries among all the images
-    with torch.no_grad():
-        exact_plan = make_search_plan(len(q), n, grid.size, 15, device=dev, method="exact",
-                                      self_search=False)
-        _, Iex, _ = knn_search(Xt[q], Xt, grid, 15, plan=exact_plan, exclude=q)
-    recall_exact = float((I32[q][:, :, None] == Iex[:, None, :]).any(1).double().mean())
-    rel = float(((D19 - D32).abs() / D32.abs().clamp(min=1e-12)).max())
-    with matmul_precision("high"):
-        tf, t = timed(lambda: InvariantAttentionClusterer(**params).fit(X), dev)
-    add({"row": "fashion_knn", "n": n, "fp32_s": t32, "recall_of_exact_top15": recall_exact,
-         "tf32_s": t19,
-         "tf32_recall_of_fp32_top15": recall, "tf32_max_rel_distance_change": rel,
-         "tf32_fit_s": t, "tf32_acc": scores(y, tf.labels_)["acc"],
-         "plan": plan.to_dict()})
+    if "knn" in wanted or "tf32" in wanted:
+        with torch.no_grad():
+            (D32, I32, _), t32 = timed(
+                lambda: knn_search(Xt, Xt, grid, 15, plan=plan, exclude=own), dev)
+            exact_plan = make_search_plan(len(q), n, grid.size, 15, device=dev,
+                                          method="exact", self_search=False)
+            _, Iex, _ = knn_search(Xt[q], Xt, grid, 15, plan=exact_plan, exclude=q)
+        row = {"row": "fashion_knn", "n": n, "fp32_s": t32,
+               "recall_of_exact_top15": float((I32[q][:, :, None] == Iex[:, None, :])
+                                              .any(1).double().mean())}
+        if "tf32" in wanted:
+            with torch.no_grad(), matmul_precision("high"):
+                (D19, I19, _), t19 = timed(
+                    lambda: knn_search(Xt, Xt, grid, 15, plan=plan, exclude=own), dev)
+            with matmul_precision("high"):
+                tf, t = timed(lambda: InvariantAttentionClusterer(**params).fit(X), dev)
+            row.update({
+                "tf32_s": t19,
+                "tf32_recall_of_fp32_top15": float((I19[q][:, :, None] == I32[q][:, None, :])
+                                                   .any(1).double().mean()),
+                "tf32_max_rel_distance_change": float(
+                    ((D19 - D32).abs() / D32.abs().clamp(min=1e-12)).max()),
+                "tf32_fit_s": t, "tf32_acc": scores(y, tf.labels_)["acc"]})
+        add({**row, "plan": plan.to_dict()})
 
-    m = 2000 if args.quick else 10_000
-    Xm, ym = rotated_mnist(args, m)
-    mp = dict(n_clusters=10, max_rotation=60.0, n_rotations=24, random_state=0,
-              device=params["device"])
-    em, t = timed(lambda: InvariantAttentionClusterer(**mp).fit(Xm), dev)
-    add({"row": "mnist_rotated", "n": m, "path": "default", "seconds": t,
-         **scores(ym, em.labels_), "plan": em.search_plan_.to_dict()})
-    es, t = timed(lambda: InvariantAttentionClusterer(neighbor_search="shortlist", **mp).fit(Xm),
-                  dev)
-    add({"row": "mnist_rotated", "n": m, "path": "neighbor_search='shortlist'", "seconds": t,
-         **scores(ym, es.labels_), "plan": es.search_plan_.to_dict()})
+    if "mnist" in wanted:
+        m = 2000 if args.quick else 10_000
+        Xm, ym = rotated_mnist(args, m)
+        mp = dict(n_clusters=10, max_rotation=60.0, n_rotations=24, random_state=0,
+                  device=params["device"])
+        em, t = timed(lambda: InvariantAttentionClusterer(**mp).fit(Xm), dev)
+        add({"row": "mnist_rotated", "n": m, "path": "default", "seconds": t,
+             **scores(ym, em.labels_), "plan": em.search_plan_.to_dict()})
+        es, t = timed(
+            lambda: InvariantAttentionClusterer(neighbor_search="shortlist", **mp).fit(Xm), dev)
+        add({"row": "mnist_rotated", "n": m, "path": "neighbor_search='shortlist'",
+             "seconds": t, **scores(ym, es.labels_), "plan": es.search_plan_.to_dict()})
+        if args.profile:
+            profile_fit(Xm, mp, dev, Path(args.profile), "mnist_")
 
-    tr = InvariantKNeighborsTransformer(n_neighbors=15, max_rotation=15, n_rotations=7,
-                                        max_translation=1, device=dev)
-    _, t = timed(lambda: tr.fit_transform(X), dev)
-    add({"row": "transformer", "n": n, "seconds": t, "plan": tr.search_plan_.to_dict()})
+    if "transformer" in wanted:
+        tr = InvariantKNeighborsTransformer(n_neighbors=15, max_rotation=15, n_rotations=7,
+                                            max_translation=1, device=dev)
+        _, t = timed(lambda: tr.fit_transform(X), dev)
+        add({"row": "transformer", "n": n, "seconds": t, "plan": tr.search_plan_.to_dict()})
     if args.profile:
-        profile_fit(X, params, dev, Path(args.profile))
+        profile_fit(X, params, dev, Path(args.profile), "fashion_")
     return result
 
 

@@ -71,8 +71,12 @@ def shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *, batch
     # keys per chunk: a few times the shortlist, so that merging stays cheap
     kc = int(max(1, min(n_y, max(4 * m, 1024))))
     qb = batch_size or int(max(1, min(n_x, budget // max(1, U * kc * V + 2 * (kc + m)))))
-    Yflat = Yd.reshape(n_y * V, d)
-    ysq = (Yflat * Yflat).sum(1)
+    # each chunk of keys laid out by copy, ``(V kc, d)``, and its squared norms: the minimum
+    # over the copies then reads whole rows of the scores
+    chunks = []
+    for k0 in range(0, n_y, kc):
+        Yc = Yd[k0:k0 + kc].transpose(0, 1).reshape(-1, d)
+        chunks.append((k0, min(n_y, k0 + kc), Yc, (Yc * Yc).sum(1)))
     out = torch.empty((n_x, m), dtype=torch.long, device=device)
     exclude = None if exclude is None else exclude.to(device)
     bar = progress_bar(-(-n_x // qb), "descriptor shortlist")
@@ -83,13 +87,12 @@ def shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidates, *, batch
         qsq = (Q * Q).sum(1).reshape(b, U, 1)
         ex = None if exclude is None else exclude[q0:q0 + b]
         top = None
-        for k0 in range(0, n_y, kc):
-            k1 = min(n_y, k0 + kc)
-            # ||y||^2 - 2 <x, y>, minimised over the key's copies (contiguous), then ||x||^2
-            # added and minimised over the query's copies (rounding is monotone: the same
-            # minimum as adding both before)
-            D = torch.addmm(ysq[k0 * V:k1 * V], Q, Yflat[k0 * V:k1 * V].T, alpha=-2.0)
-            D = D.view(b, U, k1 - k0, V).amin(3).add_(qsq).amin(1).clamp_(min=0.0)
+        for k0, k1, Yc, ysq in chunks:
+            # ||y||^2 - 2 <x, y>, minimised over the key's copies, then ||x||^2 added and
+            # minimised over the query's copies (rounding is monotone: the same minimum as
+            # adding both before)
+            D = torch.addmm(ysq, Q, Yc.T, alpha=-2.0).view(b, U, V, k1 - k0)
+            D = D.amin(2).add_(qsq).amin(1).clamp_(min=0.0)
             keys = torch.arange(k0, k1, device=device)
             mask_excluded(D, keys, ex)
             top = merge_topk(top, D, keys.expand(b, -1), None, m)

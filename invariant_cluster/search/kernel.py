@@ -58,28 +58,30 @@ def merge_topk(best, dist, index, arg, k):
 def block_distances(Q: torch.Tensor, xsq: torch.Tensor, Kw: torch.Tensor, E: torch.Tensor):
     """The kernel's first steps for ``b`` shifted queries against ``c`` warped keys.
 
-    ``Q`` ``(b, S, F)`` from :func:`shift_images`, ``xsq`` ``(b,)``, ``Kw`` ``(c, R, F)`` from
-    :func:`warp_keys`, ``E`` ``(c, R, S)`` from :func:`shift_energies`. Returns ``(dist, arg)``
-    ``(b, c)`` with ``arg = r * S + s``, the first best grid point in that order.
+    ``Q`` ``(b, S, F)`` from :func:`shift_images`, ``xsq`` ``(b,)``, ``Kw`` ``(R, c, F)`` the
+    keys' warps laid out by angle (:func:`warp_canvas`), ``E`` ``(R, c, S)`` from
+    :func:`shift_energies`. Returns ``(dist, arg)`` ``(b, c)`` with ``arg = r * S + s``, the
+    first best grid point in that order.
 
     ``||T y||^2 - 2 <x, T y>`` comes out of one product (the key energies as its bias, the factor
-    -2 as its scale), the minimum is taken over the shifts and then over the angles along
-    contiguous axes, and ``||x||^2`` is added to the ``(b, c)`` minimum: rounding is monotone, so
-    this equals adding it before the minimum, bit for bit.
+    -2 as its scale); the minimum is taken over the shifts, then over the angles, each along an
+    outer axis with the keys contiguous (a reduction that reads whole rows); and ``||x||^2`` is
+    added to the ``(b, c)`` minimum: rounding is monotone, so this equals adding it before the
+    minimum, bit for bit.
     """
     b, S, nf = Q.shape
-    c, R = Kw.shape[:2]
-    Kf = Kw.reshape(c * R, nf)
+    R, c = Kw.shape[:2]
+    Kf = Kw.reshape(R * c, nf)
     if S == 1:
-        d = torch.addmm(E.reshape(c * R), Q.reshape(b, nf), Kf.T, alpha=-2.0).view(b, c, R)
-        dist, arg = d.min(2)
+        d = torch.addmm(E.reshape(R * c), Q.reshape(b, nf), Kf.T, alpha=-2.0).view(b, R, c)
+        dist, arg = d.min(1)
     else:
         # one batched product per shift, each with the energies of that shift as its bias
-        d = torch.baddbmm(E.permute(2, 0, 1).reshape(S, 1, c * R), Q.transpose(0, 1),
-                          Kf.T.expand(S, nf, c * R), alpha=-2.0).view(S, b, c, R)
-        d, s = d.min(0)  # (b, c, R): the best (first) shift at every angle
-        dist, r = d.min(2)
-        arg = r * S + s.gather(2, r[:, :, None])[:, :, 0]
+        d = torch.baddbmm(E.permute(2, 0, 1).reshape(S, 1, R * c), Q.transpose(0, 1),
+                          Kf.T.expand(S, nf, R * c), alpha=-2.0).view(S, b, R, c)
+        d, s = d.min(0)  # (b, R, c): the best (first) shift at every angle
+        dist, r = d.min(1)
+        arg = r * S + s.gather(1, r[:, None]).squeeze(1)
     return dist.add_(xsq[:, None]).clamp_(min=0.0), arg
 
 
@@ -280,9 +282,11 @@ def shift_energies(Kw: torch.Tensor, shifts: np.ndarray, shape) -> torch.Tensor:
 
 
 def _warped_chunk(Y: torch.Tensor, grid: SearchGrid):
-    """Keys warped onto the canvas, and their energies: ``(c, R, F)``, ``(c, R, S)``."""
+    """Keys warped onto the canvas, laid out by angle, and their energies: ``(R, c, F)``,
+    ``(R, c, S)``."""
     angles = torch.as_tensor(grid.angles, dtype=Y.dtype, device=Y.device)
-    Kw = warp_keys(Y, angles, pad=shift_margin(grid.shifts), reflection=grid.reflection)
+    Kw = warp_canvas(Y, angles, pad=shift_margin(grid.shifts), reflection=grid.reflection)
+    Kw = Kw.view(Kw.shape[0], Y.shape[0], -1)
     return Kw, shift_energies(Kw, grid.shifts, tuple(Y.shape[1:]))
 
 
@@ -303,7 +307,7 @@ def _chunk_distances(Q, xsq, Kw, E, k0, exclude):
     """The kernel on one block, the step of every exact search's loop: the distances and grid
     points of the shifted queries ``Q`` to a chunk of warped keys (key indices from ``k0``),
     each query's excluded key masked. Returns ``(dist, arg, keys)``."""
-    keys = torch.arange(k0, k0 + Kw.shape[0], device=Q.device)
+    keys = torch.arange(k0, k0 + Kw.shape[1], device=Q.device)
     dmin, arg = block_distances(Q, xsq, Kw, E)
     mask_excluded(dmin, keys, exclude)
     return dmin, arg, keys
@@ -374,14 +378,14 @@ def grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k=None,
 def _grid_block(block, Kw, E, k, key_chunk, shifts):
     """Exact top-``k`` of one query block against every pre-warped key (a Dask task): the
     step of :func:`grid_search` (:func:`_chunk_distances`) on warps computed once, ``Kw``
-    ``(n_y, R, canvas)`` and ``E`` ``(n_y, R, S)``."""
+    ``(R, n_y, canvas)`` and ``E`` ``(R, n_y, S)``."""
     Xb, ex = block
     xsq = (Xb.reshape(Xb.shape[0], -1) ** 2).sum(1)
     Q = shift_images(Xb, shifts)
     top = None
-    for k0 in range(0, Kw.shape[0], key_chunk):
-        dmin, arg, keys = _chunk_distances(Q, xsq, Kw[k0:k0 + key_chunk],
-                                           E[k0:k0 + key_chunk], k0, ex)
+    for k0 in range(0, Kw.shape[1], key_chunk):
+        dmin, arg, keys = _chunk_distances(Q, xsq, Kw[:, k0:k0 + key_chunk],
+                                           E[:, k0:k0 + key_chunk], k0, ex)
         top = merge_topk(top, dmin, keys.expand_as(dmin), arg, k)
     return top
 
@@ -390,7 +394,7 @@ def blocked_grid_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k
                         batch_size=None, exclude=None, client=None):
     """The exact all-pairs ``grid_search(X, Y, grid, k=k)``, one task per block of queries.
 
-    The keys are warped once (``warp_keys`` onto the shift canvas, with their energies), sent
+    The keys are warped once (``warp_canvas`` onto the shift canvas, with their energies), sent
     to the workers once, and every block of queries runs ``grid_search``'s kernel against
     them; with or without ``client`` the SAME block calls produce the result, so it is identical
     either way (and equal to ``grid_search`` up to the round-off of differently shaped matrix
