@@ -31,11 +31,12 @@ __all__ = ["SearchPlan", "make_search_plan", "default_n_candidates"]
 # shortlist's exact part is linear in n_keys. CPU: 4,000 keys with 36 angles (at 10,000 MNIST
 # digits the shortlisted graph took 0.67 of the exact one's time: benchmarks/bench_neighbors.py,
 # 2 cores). CUDA: a card runs the products about 50 times faster than 2 cores but its warps,
-# top-k merges and blocks much less so. On an H200 the kNN stage of all 70,000 Fashion-MNIST
-# images (63 grid points, work 4.4e6) took 18.7 s exactly against 11.8 s with the shortlist
-# (2026-11, with pynndescent's shortlist): the crossover lies below that work. The factor 5 is
-# an estimate from those two figures, not a measured crossover; benchmarks/bench_gpu.py times
-# both paths on a card.
+# top-k merges and blocks much less so. On an H200 (benchmarks/results/gpu_all_rows.json,
+# 2026-11-27) the fit of all 70,000 Fashion-MNIST images (63 grid points, work 4.4e6) took
+# 23.2 s with the exact search against 7.8 s with the default shortlist; at 10,000 rotated
+# MNIST digits (24 angles, work 2.4e5, exact by this rule) the exact and the shortlisted fits
+# took 1.26 s and 1.25 s (gpu.json: 1.54 s and 1.88 s), the kNN stage about 0.14 s of either:
+# the crossover lies between, and the factor 5 is not pinned down more finely than that.
 EXACT_WORK = {"cpu": 4000 * 36, "cuda": 5 * 4000 * 36}
 
 # Keys from which the descriptor shortlist is found by faiss's inverted file instead of the
