@@ -600,6 +600,21 @@ def _headline_fashion(r):
             "the-invariant-knn-graph")
 
 
+def _headline_gpu(r):
+    rows = r["rows"]
+    first = _row(rows, row="fashion", path="default (first fit in process)")
+    second = _row(rows, row="fashion", path="default (second fit)")
+    tr = _row(rows, row="transformer")
+    cpu = _load(RESULTS, "scaling_fashion70k")
+    on_cpu = cpu and _row(cpu["rows"], n=70000, method="InvariantAttentionClusterer")
+    return (f"All {first['n']:,} Fashion-MNIST images on one {r['env']['cuda']}",
+            "fit seconds (ACC)",
+            f"{second['seconds']:.1f} s, the first fit in a process {first['seconds']:.1f} s "
+            f"({first['acc']:.3f}); `InvariantKNeighborsTransformer` {tr['seconds']:.1f} s",
+            (f"the same fit on 2 CPU cores {on_cpu['seconds']:.0f} s" if on_cpu else ""),
+            "scaling-on-a-gpu")
+
+
 def _cryoem_ctf_at_snr1(r, peer):
     """Our class averages' row and the ASPIRE ``peer``'s row at SNR 1 with a CTF."""
     rows = r["rows"]
@@ -646,7 +661,8 @@ def _headline_alignment(r):
 
 
 HEADLINES = [("clustering", _headline_clustering), ("noise_filter_10000", _headline_noise),
-             ("scaling_fashion70k", _headline_fashion), ("cryoem_ctf", _headline_cryoem_ctf),
+             ("scaling_fashion70k", _headline_fashion), ("gpu", _headline_gpu),
+             ("cryoem_ctf", _headline_cryoem_ctf),
              ("cryoem_ctf", _headline_cryoem_ctf_neighbours),
              ("count", _headline_count), ("alignment", _headline_alignment)]
 
@@ -664,9 +680,9 @@ def headline(results_dir=RESULTS):
             print(f"headline: {name}.json lacks the fields its row needs", file=sys.stderr)
             continue
         env = r.get("env") or r.get("environment") or {}
-        when = ", ".join(str(x) for x in (env.get("date"),
-                                          f"{env['cpu_count']} CPU cores"
-                                          if env.get("cpu_count") else None) if x)
+        where = (env.get("cuda") or
+                 (f"{env['cpu_count']} CPU cores" if env.get("cpu_count") else None))
+        when = ", ".join(str(x) for x in (env.get("date"), where) if x)
         rows.append([task, measure, ours, others,
                      f"[`{name}.json`](benchmarks/results/{name}.json)"
                      + (f" ({when})" if when else ""),
