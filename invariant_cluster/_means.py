@@ -10,10 +10,17 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from . import _memory
 from ._progress import progress_bar
 from ._utils import check_real_dtype, resolve_device
 from .alignment import to_images
-from .search import grid_search, make_search_grid, refine_alignments
+from .search import (
+    candidate_search,
+    grid_search,
+    make_search_grid,
+    refine_alignments,
+    refine_pairs,
+)
 from .transforms import check_rotation_center, fast_warp, invert_se2, pad_for_centre
 
 __all__ = ["invariant_mean", "invariant_mean_tensor", "cluster_means"]
@@ -147,30 +154,60 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
 def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
     """Each cluster's invariant mean of its samples, and each sample's alignment onto it.
 
-    The fixed-point iteration of the invariant mean runs on the grid (three rounds, started at
-    the cluster's densest converged mean); then two rounds with the continuous refinement
-    (``grid.refine``, about 20 warps per sample and round), the centre being the average of the
-    members warped with the refined alignments.
+    The fixed-point iteration of the invariant mean (as :func:`invariant_mean_tensor`, each
+    sample weighted ``1 / size`` of its cluster) runs on the grid (at most three rounds, started
+    at the cluster's densest converged mean; a cluster stops when its mean moves by less than
+    1e-4 of its norm); then two rounds with the continuous refinement (``grid.refine``, about
+    20 warps per sample and round), the centre being the average of the members warped with the
+    refined alignments. Every round is one batched step over all the clusters: the search of
+    each sample against its own cluster's mean (:func:`~invariant_cluster.search.candidate_search`
+    with one candidate), the refinement in memory-bounded batches of pairs, and the averages by
+    ``index_add_``.
     """
     coarse = replace(grid, refine=False)
+    dev, dtype = Xt.device, Xt.dtype
+    n = Xt.shape[0]
+    labels = np.asarray(labels)
     n_clusters = int(labels.max()) + 1
-    centers = []
-    params = torch.zeros((Xt.shape[0], grid.n_params), dtype=Xt.dtype, device=Xt.device)
-    density = torch.nan_to_num(D_knn, posinf=0.0).mean(1)
-    bar = progress_bar(n_clusters, "cluster centres", "cluster")
-    for c in range(n_clusters):  # a loop over clusters; each step is batched over its members
-        members = torch.as_tensor(np.flatnonzero(labels == c), device=Xt.device)
-        w = torch.full((len(members),), 1.0 / len(members), dtype=Xt.dtype, device=Xt.device)
-        # start from the converged mean of the member in the densest place
-        init = M[members[int(torch.argmin(density[members]))]]
-        Xc = Xt[members]
-        mu, p, _ = invariant_mean_tensor(Xc, w, coarse, init=init, max_iter=3, tol=1e-4,
-                                         batch_size=batch_size)
-        for _ in range(2 if grid.refine else 0):  # refined rounds of the same fixed point
-            _, p = refine_alignments(mu.expand(len(members), *mu.shape), Xc, p, grid)
-            mu = (w[:, None, None, None] * fast_warp(Xc, p)).sum(0)
-        centers.append(mu)
-        params[members] = p
+    lab = torch.as_tensor(labels, dtype=torch.long, device=dev)
+    counts = torch.bincount(lab, minlength=n_clusters).to(dtype)
+    w = 1.0 / counts[lab]
+    # start from the converged mean of the member in the densest place (the first such member)
+    density = torch.nan_to_num(D_knn, posinf=0.0).mean(1).cpu().numpy()
+    start = [int(m[np.argmin(density[m])]) for m in
+             (np.flatnonzero(labels == c) for c in range(n_clusters))]
+    mu = M[torch.as_tensor(start, device=dev)]
+    own = lab[:, None]
+    bar = progress_bar(3 + (2 if grid.refine else 0), "cluster centres", "round")
+    done = torch.zeros(n_clusters, dtype=torch.bool, device=dev)
+    params = None
+    for _ in range(3):  # the fixed point on the grid
+        _, _, p = candidate_search(Xt, mu, own, coarse, k=1, batch_size=batch_size)
+        p = invert_se2(p[:, 0])
+        new = _cluster_average(Xt, p, lab, w, n_clusters)
+        move = torch.linalg.vector_norm((new - mu).reshape(n_clusters, -1), dim=1)
+        scale = torch.linalg.vector_norm(new.reshape(n_clusters, -1), dim=1)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        # a cluster that stopped keeps its mean and its members' alignments
+        mu = torch.where(done[:, None, None, None], mu, new)
+        params = p if params is None else torch.where(done[lab][:, None], params, p)
+        done |= move <= 1e-4 * scale
+        bar.update()
+        if bool(done.all()):
+            break
+    for _ in range(2 if grid.refine else 0):  # refined rounds of the same fixed point
+        _, params = refine_pairs(mu, Xt, lab, torch.arange(n, device=dev), params, grid)
+        mu = _cluster_average(Xt, params, lab, w, n_clusters)
         bar.update()
     bar.close()
-    return torch.stack(centers), params
+    return mu, params
+
+
+def _cluster_average(X, params, lab, w, n_clusters):
+    """``sum_j w_j warp(X_j, params_j)`` per cluster ``lab``, warped in memory-bounded blocks."""
+    out = X.new_zeros((n_clusters, *X.shape[1:]))
+    step = max(1, _memory.REFINE_PAIR_ELEMENTS // max(1, X[0].numel()))
+    for i in range(0, X.shape[0], step):
+        W = fast_warp(X[i:i + step], params[i:i + step])
+        out.index_add_(0, lab[i:i + step], W * w[i:i + step, None, None, None])
+    return out
