@@ -151,6 +151,15 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
     return mu, params
 
 
+# Pairs per batch of the centres' refinement, per kind of device (None: as many as the memory
+# budget allows, one batch of every sample on a card). On 2 CPU cores the Levenberg-Marquardt
+# steps gather and warp the pairs still moving, and batches that stay in the cache are faster:
+# the refinement of 10,000 rotated MNIST digits' centres (24 angles) took 0.78 s in batches of
+# 2,048 pairs, 0.94 s of 1,024, 0.85 s of 4,096 and 1.26 s in one batch (0.81 s as one batch
+# per cluster); one cProfile run each.
+_REFINE_PAIRS = {"cpu": 2048}
+
+
 def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
     """Each cluster's invariant mean of its samples, and each sample's alignment onto it.
 
@@ -196,7 +205,8 @@ def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
         if bool(done.all()):
             break
     for _ in range(2 if grid.refine else 0):  # refined rounds of the same fixed point
-        _, params = refine_pairs(mu, Xt, lab, torch.arange(n, device=dev), params, grid)
+        _, params = refine_pairs(mu, Xt, lab, torch.arange(n, device=dev), params, grid,
+                                 max_pairs=_REFINE_PAIRS.get(dev.type))
         mu = _cluster_average(Xt, params, lab, w, n_clusters)
         bar.update()
     bar.close()
