@@ -36,7 +36,7 @@ import os
 import sys
 import threading
 
-__all__ = ["heap_reuse", "release", "reusing_heap", "suspended"]
+__all__ = ["heap_reuse", "held", "release", "reusing_heap", "suspended"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -50,6 +50,7 @@ _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TO
 
 _lock = threading.Lock()
 _depth = 0
+_held = 0
 
 
 @functools.lru_cache(maxsize=1)
@@ -128,9 +129,25 @@ def release():
     """Inside :func:`heap_reuse`: return the heap's free pages to the kernel now
     (``malloc_trim``). Called where a stage of a search ends and the next one allocates blocks
     of other sizes, which the free ones would not fit: the peak stays that of the largest
-    stage instead of the sum of what each left free."""
-    if _depth > 0 and _enabled():
+    stage instead of the sum of what each left free. Inside :func:`held`, nothing."""
+    if _depth > 0 and _held == 0 and _enabled():
         _glibc().malloc_trim(0)
+
+
+@contextlib.contextmanager
+def held():
+    """:func:`release` does nothing for the duration, and trims once on the way out: for a
+    loop whose rounds call searches that allocate alike (the cluster centres' rounds), where a
+    trim between rounds would only make the next round fault the same pages in again."""
+    global _held
+    with _lock:
+        _held += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _held -= 1
+        release()
 
 
 @contextlib.contextmanager

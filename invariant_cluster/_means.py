@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from . import _memory
+from . import _heap, _memory
 from ._progress import progress_bar
 from ._utils import check_real_dtype, resolve_device
 from .alignment import to_images
@@ -187,29 +187,29 @@ def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
              (np.flatnonzero(labels == c) for c in range(n_clusters))]
     mu = M[torch.as_tensor(start, device=dev)]
     own = lab[:, None]
-    bar = progress_bar(3 + (2 if grid.refine else 0), "cluster centres", "round")
-    done = torch.zeros(n_clusters, dtype=torch.bool, device=dev)
-    params = None
-    for _ in range(3):  # the fixed point on the grid
-        _, _, p = candidate_search(Xt, mu, own, coarse, k=1, batch_size=batch_size)
-        p = invert_se2(p[:, 0])
-        new = _cluster_average(Xt, p, lab, w, n_clusters)
-        move = torch.linalg.vector_norm((new - mu).reshape(n_clusters, -1), dim=1)
-        scale = torch.linalg.vector_norm(new.reshape(n_clusters, -1), dim=1)
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        # a cluster that stopped keeps its mean and its members' alignments
-        mu = torch.where(done[:, None, None, None], mu, new)
-        params = p if params is None else torch.where(done[lab][:, None], params, p)
-        done |= move <= 1e-4 * scale
-        bar.update()
-        if bool(done.all()):
-            break
-    for _ in range(2 if grid.refine else 0):  # refined rounds of the same fixed point
-        _, params = refine_pairs(mu, Xt, lab, torch.arange(n, device=dev), params, grid,
-                                 max_pairs=_REFINE_PAIRS.get(dev.type))
-        mu = _cluster_average(Xt, params, lab, w, n_clusters)
-        bar.update()
-    bar.close()
+    with _heap.held(), progress_bar(3 + (2 if grid.refine else 0), "cluster centres",
+                                   "round") as bar:
+        done = torch.zeros(n_clusters, dtype=torch.bool, device=dev)
+        params = None
+        for _ in range(3):  # the fixed point on the grid
+            _, _, p = candidate_search(Xt, mu, own, coarse, k=1, batch_size=batch_size)
+            p = invert_se2(p[:, 0])
+            new = _cluster_average(Xt, p, lab, w, n_clusters)
+            move = torch.linalg.vector_norm((new - mu).reshape(n_clusters, -1), dim=1)
+            scale = torch.linalg.vector_norm(new.reshape(n_clusters, -1), dim=1)
+            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+            # a cluster that stopped keeps its mean and its members' alignments
+            mu = torch.where(done[:, None, None, None], mu, new)
+            params = p if params is None else torch.where(done[lab][:, None], params, p)
+            done |= move <= 1e-4 * scale
+            bar.update()
+            if bool(done.all()):
+                break
+        for _ in range(2 if grid.refine else 0):  # refined rounds of the same fixed point
+            _, params = refine_pairs(mu, Xt, lab, torch.arange(n, device=dev), params, grid,
+                                     max_pairs=_REFINE_PAIRS.get(dev.type))
+            mu = _cluster_average(Xt, params, lab, w, n_clusters)
+            bar.update()
     return mu, params
 
 

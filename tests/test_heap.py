@@ -111,3 +111,18 @@ def test_the_real_glibc_calls_succeed():
         del x
         _heap.release()
     assert _heap._depth == 0
+
+
+def test_held_defers_the_trims_to_its_end(fake):
+    with _heap.heap_reuse():
+        n = len(fake.calls)
+        with _heap.held():
+            _heap.release()
+            with _heap.held():  # nested: still held
+                _heap.release()
+            assert fake.calls[n:] == []
+        assert fake.calls[n:] == [("malloc_trim", 0)]  # one trim on the way out
+        n = len(fake.calls)
+        _heap.release()
+        assert fake.calls[n:] == [("malloc_trim", 0)]
+    assert _heap._held == 0
