@@ -196,8 +196,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         five times that on a GPU; the choice is recorded in ``search_plan_``.
     n_candidates : int, optional
         Shortlist length (None: ``max(4 n_neighbors, 64)``; ``max(6 n_neighbors, 96)`` where
-        faiss's approximate search finds the shortlist, from 10,000 images on on a CPU and
-        from 200,000 on a GPU, except for the search of the converged means, which keeps
+        faiss's approximate search finds the shortlist (from 10,000 images on a CPU) and on a
+        GPU, except for the search of the converged means, which keeps
         ``max(4 n_neighbors, 64)``).
     client : dask.distributed.Client, optional
         Run the alignment searches block by block on a Dask cluster (identical results).

@@ -495,8 +495,9 @@ class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, Transf
     def _search(self, Xq, k, exclude=False):
         """Invariant kNN of the image rows ``Xq`` among ``keys_``: ``(dist, index)`` in NumPy.
 
-        Always the shortlist (with ``n_candidates``, None: ``max(4 k, 64)``), which searches
-        every key exactly when the shortlist would hold them all."""
+        Always the shortlist (with ``n_candidates``, None:
+        :func:`~invariant_cluster.search.plan.default_n_candidates`), which searches every key
+        exactly when the shortlist would hold them all."""
         device = resolve_device(self.device)
         shape = self.image_shape_
         q = torch.tensor(Xq, dtype=torch.float32, device=device).reshape(-1, *shape)

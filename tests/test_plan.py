@@ -36,8 +36,9 @@ def test_cuda_searches_exactly_where_the_cpu_shortlists():
     (9_999, "cpu", "blocked", 64),
     (10_000, "cpu", "faiss", 96),
     (70_000, "cpu", "faiss", 96),
-    (70_000, "cuda", "blocked", 64),     # the descriptor products stay on the card
-    (199_999, "cuda", "blocked", 64),
+    (9_999, "cuda", "blocked", 96),      # on a card, the wider margin at every size
+    (70_000, "cuda", "blocked", 96),     # the descriptor products stay on the card
+    (199_999, "cuda", "blocked", 96),
     (200_000, "cuda", "faiss", 96),
 ])
 def test_shortlist_route_per_device(n, device, route, candidates):

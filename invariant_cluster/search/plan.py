@@ -48,6 +48,8 @@ EXACT_WORK = {"cpu": 4000 * 36, "cuda": 5 * 4000 * 36}
 # card's FP32 rate; faiss-cpu would copy the descriptors to the host. From 200,000 keys
 # (8 times that work) the inverted file takes over.
 FAISS_MIN_KEYS = {"cpu": 10_000, "cuda": 200_000}
+# Kinds of device whose samples' shortlist always takes the wider margin (see below).
+WIDE_SHORTLIST_KINDS = ("cuda",)
 
 # ----------------------------------------------------------------------------- shortlist length
 # Measured on MNIST (n = 2000, rotated +-45 degrees, with and without +-2 px shifts, 17 and 24
@@ -59,6 +61,12 @@ MIN_CANDIDATES = 64
 # 10,000 Fashion-MNIST images (+-15 degrees, 7 angles, +-1 px, k = 15) the recall of the exact
 # top-15 was 0.977 with 96 approximate candidates, 0.943 with 64 (the exact descriptor shortlist
 # of 64 holds 0.956).
+# On a card the exact search of the candidates is cheap beside the blocked shortlist, and the
+# same margin applies to the blocked shortlist too (WIDE_SHORTLIST_KINDS): on all 70,000
+# Fashion-MNIST images the card's plan (blocked shortlist, the pass over the neighbours'
+# neighbours) recalled 0.941 of the exact top-15 with 64 candidates (H200,
+# benchmarks/results/gpu.json; the same plan's arithmetic on 2 CPU cores: 0.941 too) and 0.962
+# with 96 (on 2 CPU cores, 500 queries; 20,000 images: 0.978 and 0.989).
 APPROXIMATE_CANDIDATES_PER_NEIGHBOR = 6
 APPROXIMATE_MIN_CANDIDATES = 96
 # The kNN transformer shortlists for twice as many neighbours (8 k candidates, without the
@@ -140,8 +148,8 @@ def uses_faiss(n_keys, device="cpu") -> bool:
 
 def default_n_candidates(k, n_keys, *, margin=True, device="cpu") -> int:
     """The shortlist length used when none is given: ``max(4 k, 64)``, at most ``n_keys``;
-    ``max(6 k, 96)`` where faiss finds the shortlist and ``margin``."""
-    if margin and uses_faiss(n_keys, device):
+    ``max(6 k, 96)`` with ``margin`` where faiss finds the shortlist or on a card."""
+    if margin and (uses_faiss(n_keys, device) or _kind(device) in WIDE_SHORTLIST_KINDS):
         per, least = APPROXIMATE_CANDIDATES_PER_NEIGHBOR, APPROXIMATE_MIN_CANDIDATES
     else:
         per, least = CANDIDATES_PER_NEIGHBOR, MIN_CANDIDATES
@@ -165,9 +173,9 @@ def make_search_plan(n_queries, n_keys, grid_size, k, *, device="cpu", method="a
         Shortlist length; None: from ``purpose`` (:func:`default_n_candidates`).
     purpose : {"samples", "means", "graph"}, default="samples"
         "samples": the clusterer's graph of its samples (``max(6 k, 96)`` candidates where
-        faiss finds them, else ``max(4 k, 64)``); "means": the graph of the converged means
-        (``max(4 k, 64)``, no pass over the neighbours' neighbours); "graph": the kNN
-        transformer's (``max(8 k, 64)``).
+        faiss finds them or on a card, else ``max(4 k, 64)``); "means": the graph of the
+        converged means (``max(4 k, 64)``, no pass over the neighbours' neighbours); "graph":
+        the kNN transformer's (``max(8 k, 64)``).
     self_search : bool, optional
         Whether the queries are the keys, each left out of its own list (the pass over the
         neighbours' neighbours needs it). None: ``n_queries == n_keys``.
