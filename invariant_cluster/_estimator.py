@@ -21,6 +21,14 @@ from ._utils import check_magnitude, flatten_images, resolve_image_shape
 from .search import GROUPS, make_search_grid
 from .search.descriptors import centred_images
 
+
+def shift_params(offsets) -> np.ndarray:
+    """``(n, 3)`` SE(2) parameters ``(0, tx, ty)`` of the pure shifts ``offsets`` ``(n, 2)``
+    (e.g. the centring offsets of ``_centred``, to compose with alignments)."""
+    offsets = np.asarray(offsets, dtype=np.float64)
+    return np.concatenate([np.zeros((len(offsets), 1)), offsets], 1)
+
+
 # every estimator that searches on the grid
 SEARCH_CONSTRAINTS = {
     "group": [StrOptions(set(GROUPS))],

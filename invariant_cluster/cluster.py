@@ -27,7 +27,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from . import _memory
 from ._duplicates import canonical_order, near_duplicates, unique_in_canonical_order
-from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
+from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin, shift_params
 from ._graph import graph_modes
 from ._grouping import (
     DECIDE_ROWS,
@@ -510,10 +510,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         self.invariant_means_ = M.reshape(len(first), -1).cpu().numpy()[inverse].astype(np_dtype)
         self.alignments_ = params.cpu().numpy().astype(np.float64)[inverse]
         if offsets is not None:  # back to the input's frame: T_tau T_(0, -d) and T_(0, d) mu
-            zero = np.zeros((n, 1))
-            shifts = np.concatenate([zero, offsets], 1)
-            self.alignments_ = compose_se2(self.alignments_, np.concatenate(
-                [zero, -offsets], 1))[..., :self.alignments_.shape[-1]]
+            shifts = shift_params(offsets)
+            self.alignments_ = compose_se2(self.alignments_, shift_params(-offsets))[
+                ..., :self.alignments_.shape[-1]]
             with torch.no_grad():
                 self.invariant_means_ = fast_warp(
                     torch.from_numpy(self.invariant_means_).reshape(n, *self.image_shape_),

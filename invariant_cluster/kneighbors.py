@@ -32,7 +32,7 @@ from sklearn.utils._param_validation import StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from . import _memory
-from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin
+from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin, shift_params
 from ._heap import reusing_heap
 from ._utils import resolve_device, to_tensor
 from .search import knn_search, make_search_plan, refine_pairs
@@ -365,11 +365,8 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         if return_alignments:
             if offsets is not None:
                 # T_(0, d_i) T_tau T_(0, -d_j): centre the neighbour, un-centre onto the query
-                zero = np.zeros((len(offsets), 1))
-                to_i = np.concatenate([zero, offsets, zero], 1)[:, None]
-                from_j = np.concatenate([np.zeros((len(self._fit_offsets), 1)),
-                                         -self._fit_offsets, np.zeros((len(self._fit_offsets),
-                                                                       1))], 1)[ind]
+                to_i = shift_params(offsets)[:, None]
+                from_j = shift_params(-self._fit_offsets)[ind]
                 full = compose_se2(np.broadcast_to(to_i, from_j.shape), compose_se2(tau, from_j))
                 tau = full[..., :tau.shape[-1]]
             out = (*out, tau)
