@@ -4,10 +4,10 @@ One block of the search compares queries with keys warped by every grid transfor
 scores and key energies (one matrix product, the energies its bias) -> min over the grid, then
 ``||x||^2`` added (:func:`block_distances`) -> the excluded pairs set to ``inf``
 (:func:`mask_excluded`) -> merged into a running top-``k`` (:func:`merge_topk`) -> grid points
-decoded into parameters
-(:meth:`SearchGrid.decode`). The exact all-pairs search (:func:`grid_search`), its Dask twin
-(:func:`blocked_grid_search`), the candidate search (:mod:`.candidates`) and the descriptor
-shortlist (:mod:`.shortlist`) are loops over blocks around these four steps.
+decoded into parameters (:meth:`SearchGrid.decode`). The exact all-pairs search
+(:func:`grid_search`), its Dask twin (:func:`blocked_grid_search`), the candidate search
+(:mod:`.candidates`) and the descriptor shortlist (:mod:`.shortlist`) are loops over blocks
+around these four steps.
 
 Integer translations are moved onto the queries: each rotated key lives on a canvas with a
 margin of ``max |shift|`` pixels, and ``<x, T y> = <P_(m-t) x, Z>`` exactly, so each query is
