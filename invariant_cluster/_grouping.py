@@ -713,6 +713,109 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
     return _cut_tree(n, ei, ej, best[1], min_size), best_ratio
 
 
+def density_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPARATED_MIN_GAP,
+                   min_size: int = SEPARATED_MIN_SIZE,
+                   max_outliers: float = SEPARATED_MAX_OUTLIERS, demote: bool = True):
+    """The clusters of a kNN graph's single-linkage tree that scikit-learn's HDBSCAN selects
+    (excess of mass, ``min_cluster_size=min_size``, ``min_samples=1``), if each is separated by
+    its own gap.
+
+    Where :func:`separated_groups` asks one gap of all groups at one cut of the tree, groups
+    whose spreads differ (a few copies of each of many shapes, one shape's copies further apart
+    than another's) are cut at different heights here. A group is separated when its shortest
+    edge to any other image is at least ``min_gap`` times the longest edge of its own minimum
+    spanning tree (the group's own single-linkage Dunn index). With ``demote``, a group that is
+    not separated is not a group: its images, with HDBSCAN's noise, join the group they meet
+    first along the tree, while they are at most ``max_outliers`` of the nodes. Returns
+    ``(labels, separation)``, ``separation`` the smallest ratio of the groups kept, or
+    ``(None, smallest ratio)`` when fewer than two groups remain.
+    """
+    from scipy.sparse.csgraph import minimum_spanning_tree
+    from sklearn.cluster import HDBSCAN
+
+    n = index.shape[0]
+    min_size = max(2, min(int(min_size), n // 2))
+    if n < 2 * min_size or index.shape[1] == 0:
+        return None, 1.0
+    S = _symmetric_distances(index, dist)
+    n_comp, comp = connected_components(S, directed=False)
+    G = S
+    if n_comp > 1:
+        # HDBSCAN wants one connected graph: the components joined in a chain by edges far
+        # longer than any edge of the graph, which only ever separate whole components
+        first = np.unique(comp, return_index=True)[1]
+        far = float(S.data.max()) * 100.0 if S.nnz else 1.0
+        chain = coo_matrix((np.full(2 * (n_comp - 1), far),
+                            (np.r_[first[:-1], first[1:]], np.r_[first[1:], first[:-1]])),
+                           shape=(n, n))
+        G = (S + chain).tocsr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        labels = HDBSCAN(min_cluster_size=min_size, min_samples=1, metric="precomputed",
+                         copy=True).fit_predict(G)
+    if labels.max() < 1 or (labels < 0).mean() > max_outliers:
+        return None, 1.0
+    ratio = _group_ratios(S, labels)
+    keep = ratio >= min_gap
+    if not keep.all():
+        if not demote:
+            return None, float(ratio.min())
+        labels = np.where(keep[labels] & (labels >= 0), labels, -1)
+        if keep.sum() < 2 or (labels < 0).mean() > max_outliers:
+            return None, float(ratio.min())
+    T = minimum_spanning_tree(S).tocoo()
+    order = np.argsort(T.data, kind="stable")
+    return (_join_first_met(labels, T.row[order], T.col[order]),
+            float(ratio[keep].min()))
+
+
+def _group_ratios(S, labels: np.ndarray) -> np.ndarray:
+    """Each group's (``labels >= 0``; -1 is no group) shortest edge to an image outside it
+    over the longest edge of its own minimum spanning tree, on the symmetric sparse graph
+    ``S`` (infinite inner edge for a group its own edges do not connect)."""
+    from scipy.sparse.csgraph import minimum_spanning_tree
+
+    n_groups = int(labels.max()) + 1
+    S = S.tocoo()
+    lab = np.where(labels >= 0, labels, n_groups + np.arange(labels.size))
+    same = lab[S.row] == lab[S.col]
+    outer = np.full(n_groups, np.inf)
+    for a in (S.row, S.col):
+        m = ~same & (labels[a] >= 0)
+        np.minimum.at(outer, labels[a][m], S.data[m])
+    inside = coo_matrix((S.data[same], (S.row[same], S.col[same])), shape=S.shape)
+    T = minimum_spanning_tree(inside).tocoo()
+    inner = np.zeros(n_groups)
+    m = labels[T.row] >= 0
+    np.maximum.at(inner, labels[T.row][m], T.data[m])
+    # a group in several pieces of its own edges is not held together
+    pieces = connected_components(inside, directed=False)[1]
+    grouped = labels >= 0
+    n_pieces = np.zeros(n_groups)
+    np.add.at(n_pieces, np.unique(np.c_[labels[grouped], pieces[grouped]], axis=0)[:, 0], 1)
+    inner[n_pieces > 1] = np.inf
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(inner > 0, outer / inner, np.inf)
+
+
+def _join_first_met(labels: np.ndarray, ei, ej) -> np.ndarray:
+    """``labels`` with every image of no group (-1) in the group it meets first along the
+    tree edges ``(ei, ej)`` (shortest first); images that meet none form groups of their own.
+    Returned as consecutive labels."""
+    n = labels.size
+    parent = np.arange(n)
+    group = np.asarray(labels, dtype=np.int64).copy()
+    for i, j in zip(ei.tolist(), ej.tolist()):
+        a, b = _find(parent, i), _find(parent, j)
+        if a == b or (group[a] >= 0 and group[b] >= 0):
+            continue
+        parent[b] = a
+        group[a] = group[a] if group[a] >= 0 else group[b]
+    roots = np.array([_find(parent, i) for i in range(n)])
+    out = np.where(group[roots] >= 0, group[roots], int(labels.max()) + 1 + roots)
+    return np.unique(out, return_inverse=True)[1].astype(np.int64)
+
+
 def _find(parent, a: int) -> int:
     """The root of ``a`` in the union-find forest ``parent`` (a list or an array), the path to
     it compressed."""
@@ -745,6 +848,20 @@ def _cut_tree(n, ei, ej, n_edges, min_size):
     return np.unique(labels, return_inverse=True)[1].astype(np.int64)
 
 
+def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP, demote: bool = True):
+    """The finer of the two separated partitions of a kNN graph: one cut of its single-linkage
+    tree (:func:`separated_groups`, one gap for all groups) and HDBSCAN's clusters of the tree,
+    each separated by its own gap (:func:`density_groups`). Either may be None; returns
+    ``(labels, separation)`` as they do, the cut on a tie."""
+    labels, separation = separated_groups(index, dist, min_gap=min_gap)
+    labels_d, separation_d = density_groups(index, dist, min_gap=min_gap, demote=demote)
+    if labels_d is not None and (labels is None or labels_d.max() > labels.max()):
+        return labels_d, separation_d
+    if labels is None:
+        return None, max(separation, separation_d)
+    return labels, separation
+
+
 def count_groups(index, dist, index_means, dist_means, graph, modes, random_state,
                  means_edges=None):
     """``n_clusters=None``: the finer of the separated partitions of the samples' kNN graph
@@ -773,11 +890,11 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     "separated_means" or "modularity"; ``separation`` the chosen partition's gap ratio, or
     where none is separated the largest ratio seen on the samples' graph.
     """
-    labels, separation = separated_groups(index, dist)
+    labels, separation = finest_separated(index, dist)
     rule = "separated"
     if means_edges is not None and means_edges[0].shape[1] > 0:
-        labels_m, separation_m = separated_groups(*means_edges,
-                                                  min_gap=SEPARATED_MEANS_MIN_GAP)
+        labels_m, separation_m = finest_separated(*means_edges,
+                                                  min_gap=SEPARATED_MEANS_MIN_GAP, demote=False)
         if labels_m is not None and (labels is None or labels_m.max() > labels.max()):
             if labels is None:
                 # never fewer groups than modularity would give

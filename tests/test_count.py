@@ -20,7 +20,7 @@ from invariant_cluster._duplicates import (
     near_duplicates,
     unique_in_canonical_order,
 )
-from invariant_cluster._grouping import separated_groups
+from invariant_cluster._grouping import density_groups, finest_separated, separated_groups
 from invariant_cluster.datasets import load_digits_images, make_transformed_copies
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -53,6 +53,9 @@ def _copies(n_shapes, n_copies, seed=0, noise=0.0, noise_seed=None):
 @pytest.mark.parametrize("n_shapes, n_copies, seed", [
     (2, 40, 0), (2, 100, 0), (3, 40, 1), (5, 40, 0), (5, 12, 2), (3, 4, 0), (2, 3, 0),
     (8, 40, 0), (3, 100, 3),
+    # many shapes, few copies: their spreads differ, and no one cut of the tree separates
+    # them all (6, 11, 6 and 11 groups with a single gap); each is separated by its own
+    (8, 3, 0), (12, 3, 0), (8, 4, 0), (12, 4, 0),
 ])
 def test_copy_sets_counted(n_shapes, n_copies, seed):
     # large groups used to be split by modularity (2 x 40 copies: 17 clusters), small ones
@@ -216,6 +219,69 @@ def test_separated_groups_with_a_given_count():
     labels, _ = separated_groups(*_knn(pts, 6), n_groups=2)
     assert adjusted_rand_score(np.repeat(np.arange(2), 20), labels) == 1.0
     assert separated_groups(*_knn(pts, 6), n_groups=3)[0] is None
+
+
+def _uneven_triples(spreads, gap=3.0, seed=0):
+    """Groups of 3 points, group ``g`` spread over ``spreads[g]`` (its minimum spanning
+    tree's longest edge), each ``gap`` times its own spread from the nearest other group: no
+    one cut separates them all when the spreads differ by more than ``gap``."""
+    rng = np.random.default_rng(seed)
+    pts, x = [], 0.0
+    for g, s in enumerate(spreads):
+        if g:
+            x += gap * max(s, spreads[g - 1]) + s
+        tri = np.array([[0.0, 0.0], [s, 0.0], [s / 2, s * 0.8]]) + [x, rng.random()]
+        pts.append(tri)
+    return np.concatenate(pts), np.repeat(np.arange(len(spreads)), 3)
+
+
+@pytest.mark.parametrize("spreads", [
+    (0.1, 1.0, 0.2, 0.5, 1.0, 0.1, 0.3, 1.0),
+    (1.0, 0.05, 0.05, 0.05, 1.0, 0.5, 0.05, 0.2, 1.0, 0.1, 0.1, 0.4),
+    (0.1, 0.1, 1.0, 0.1),
+])
+def test_groups_of_uneven_spread_each_separated_by_its_own_gap(spreads):
+    index, dist = _knn(*(_uneven_triples(spreads)[:1]), 5)
+    y = _uneven_triples(spreads)[1]
+    single, _ = separated_groups(index, dist)
+    assert single is None or single.max() + 1 < len(spreads)
+    labels, ratio = density_groups(index, dist)
+    assert adjusted_rand_score(y, labels) == 1.0
+    assert ratio >= 1.25
+    labels, _ = finest_separated(index, dist)
+    assert adjusted_rand_score(y, labels) == 1.0
+
+
+def test_group_not_separated_is_demoted():
+    # four separated triples, then a chain of step 0.3 that starts 0.3 from the fourth: the
+    # fourth and the chain are one cluster of the tree, not separated (ratio 1.0); with
+    # demote its six images join the group they meet first (three groups), without it there
+    # is no partition
+    pts, y = _uneven_triples((0.1, 0.1, 0.1, 0.1))
+    stray = pts[-2] + np.c_[[0.3, 0.6, 0.9], [0.0, 0.0, 0.0]]
+    index, dist = _knn(np.concatenate([pts, stray]), 5)
+    labels, ratio = density_groups(index, dist, max_outliers=0.5)
+    assert labels.max() + 1 == 3 and ratio >= 1.25
+    assert adjusted_rand_score(y[:9], labels[:9]) == 1.0
+    assert len(set(labels[9:])) == 1
+    assert density_groups(index, dist, max_outliers=0.5, demote=False)[0] is None
+    assert density_groups(index, dist, max_outliers=0.25)[0] is None  # 6 of 15 images
+
+
+def test_no_density_groups_in_a_continuum():
+    rng = np.random.default_rng(0)
+    for k in (5, 10):
+        assert density_groups(*_knn(rng.random((300, 2)), k))[0] is None
+        assert finest_separated(*_knn(rng.random((300, 2)), k))[0] is None
+
+
+def test_density_groups_of_disconnected_components():
+    # components the kNN graph does not join are separated whatever their sizes
+    pts = np.concatenate([np.c_[np.arange(m), np.full(m, 100.0 * g)]
+                          for g, m in enumerate((3, 20, 5))]).astype(float)
+    labels, ratio = density_groups(*_knn(pts, 2))
+    assert adjusted_rand_score(np.repeat(np.arange(3), (3, 20, 5)), labels) == 1.0
+    assert ratio == np.inf
 
 
 # ------------------------------------------------------------------ duplicates and order
