@@ -71,11 +71,14 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
     Parameters
     ----------
     n_clusters : int or None, default=None
-        None: the data decide how many. A partition of a kNN graph into groups of at least 3
-        distinct images is separated when the shortest edge between two groups is at least
-        1.25 times the longest edge of the single-linkage tree inside any group, with at most
-        10% of the images left in smaller parts (they join the group they meet first). The
-        finest separated partition of the samples' invariant kNN graph is taken; where the
+        None: the data decide how many. A group of at least 3 distinct images is separated
+        when its shortest edge to any other image is at least 1.25 times the longest edge of
+        the single-linkage tree inside it. Two partitions of the samples' invariant kNN graph
+        are tested, with at most 10% of the images left outside the groups (they join the
+        group they meet first): one cut of the single-linkage tree, all of whose groups are
+        separated by the same gap, and HDBSCAN's clusters of the tree (excess of mass), each
+        separated by its own gap (the images of a cluster that is not join the group they
+        meet first), for groups whose spreads differ. The finer is taken; where the
         measured noise is material (``noise_std_`` at least 10% of the images' standard
         deviation), that of the converged means' graph when it is finer (gap 1.5; and,
         where the samples' graph has none, not coarser than modularity's count): the
@@ -88,7 +91,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         collapsed them onto one mode. ``count_rule_`` says which rule decided and
         ``separation_`` the ratio. The count can be wrong where copies of one shape are
         farther apart than two shapes (8 x 8 digits of the same class at arbitrary angles,
-        copies shifted farther apart than ``max_translation``) and where natural classes are
+        noise as large as the distance between two shapes, copies shifted farther apart than
+        ``max_translation``) and where natural classes are
         not modularity's communities; inspect ``cluster_centers_`` before trusting it.
         An int: with ``grouping="leiden"``, the separated partition with ``n_clusters`` groups
         when there is one, else Leiden's resolution is searched until the partition
@@ -242,7 +246,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         ``n_clusters``) or "hdbscan" (``grouping="umap"``, ``n_clusters=None``).
     separation_ : float or None
         The gap ratio behind the count (see ``n_clusters``): the shortest edge between two
-        groups over the longest edge inside one, for the separated partition taken; where
+        groups over the longest edge inside one, for the separated partition taken (for
+        HDBSCAN's clusters, the smallest of the groups' own ratios); where
         none was separated (``count_rule_`` "modularity"), the largest ratio seen, below
         1.25. None where no separated partition was tested.
     search_plan_ : SearchPlan
