@@ -12,10 +12,10 @@ Everything here works on a kNN graph given as ``(index, dist)`` arrays of shape 
 - :func:`fuzzy_graph`, :func:`leiden`, :func:`group`: the estimator's default, Leiden on the
   fuzzy graph of the samples' kNN graph or of its union with the means' graph
   (``benchmarks/bench_noise.py`` measures every grouping tried).
-- :func:`count_groups`: ``n_clusters=None``: the separated groups of the samples' or of the
-  converged means' kNN graph (:func:`finest_separated`: one cut of the single-linkage tree with
-  a gap, :func:`separated_groups`, or HDBSCAN's clusters of it, each with its own gap,
-  :func:`density_groups`), else
+- :func:`count_groups`: ``n_clusters=None``: the separated groups of the samples' kNN graph
+  (:func:`finest_separated`: one cut of the single-linkage tree with a gap,
+  :func:`separated_groups`, or HDBSCAN's clusters of it, each with its own gap,
+  :func:`density_groups`) or of the converged means' graph (the cut), else
   modularity's communities merged where the iteration collapsed them onto one mean
   (:func:`merge_by_modes`).
 - :func:`vote`: ``predict``'s majority among the nearest fitted samples.
@@ -850,13 +850,13 @@ def _cut_tree(n, ei, ej, n_edges, min_size):
     return np.unique(labels, return_inverse=True)[1].astype(np.int64)
 
 
-def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP, demote: bool = True):
+def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP):
     """The finer of the two separated partitions of a kNN graph: one cut of its single-linkage
     tree (:func:`separated_groups`, one gap for all groups) and HDBSCAN's clusters of the tree,
     each separated by its own gap (:func:`density_groups`). Either may be None; returns
     ``(labels, separation)`` as they do, the cut on a tie."""
     labels, separation = separated_groups(index, dist, min_gap=min_gap)
-    labels_d, separation_d = density_groups(index, dist, min_gap=min_gap, demote=demote)
+    labels_d, separation_d = density_groups(index, dist, min_gap=min_gap)
     if labels_d is not None and (labels is None or labels_d.max() > labels.max()):
         return labels_d, separation_d
     if labels is None:
@@ -867,13 +867,12 @@ def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP, demote: bo
 def count_groups(index, dist, index_means, dist_means, graph, modes, random_state,
                  means_edges=None):
     """``n_clusters=None``: the finer of the separated partitions of the samples' kNN graph
-    (gap ``SEPARATED_MIN_GAP``) and of the converged means' graph (gap
-    ``SEPARATED_MEANS_MIN_GAP``, no cluster demoted), see :func:`finest_separated`; else
-    modularity's communities
-    merged along the converged means (:func:`_leiden_count`). On the means' graph a
-    cluster of HDBSCAN's that is not separated rejects that partition instead of joining
-    the others: joined, it split noisy MNIST copy sets (8 x 12 and 12 x 12 copies: 10 and 15
-    groups).
+    (gap ``SEPARATED_MIN_GAP``, :func:`finest_separated`) and of the converged means' graph
+    (gap ``SEPARATED_MEANS_MIN_GAP``, the single cut alone: HDBSCAN's clusters of the means
+    split copies whose means converged in two modes, 6 copies of an 11 x 11 random image, 3 of
+    them mirrored, into 2 groups at a ratio of 1.70, and got no more of the 150 copy sets of
+    ``bench_count.py`` right); else modularity's communities
+    merged along the converged means (:func:`_leiden_count`).
 
     The means' graph is the fixed point's own count: where the iteration collapsed each group
     of noisy copies onto one invariant mean, the spread within a group shrinks while the
@@ -899,8 +898,8 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     labels, separation = finest_separated(index, dist)
     rule = "separated"
     if means_edges is not None and means_edges[0].shape[1] > 0:
-        labels_m, separation_m = finest_separated(*means_edges,
-                                                  min_gap=SEPARATED_MEANS_MIN_GAP, demote=False)
+        labels_m, separation_m = separated_groups(*means_edges,
+                                                  min_gap=SEPARATED_MEANS_MIN_GAP)
         if labels_m is not None and (labels is None or labels_m.max() > labels.max()):
             if labels is None:
                 # never fewer groups than modularity would give
