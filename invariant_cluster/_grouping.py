@@ -801,9 +801,10 @@ def _group_ratios(S, labels: np.ndarray) -> np.ndarray:
 
 
 def _join_first_met(labels: np.ndarray, ei, ej) -> np.ndarray:
-    """``labels`` with every image of no group (-1) in the group it meets first along the
-    tree edges ``(ei, ej)`` (shortest first); images that meet none form groups of their own.
-    Returned as consecutive labels."""
+    """``labels`` with every node of no group (-1) in the group it meets first along the
+    tree edges ``(ei, ej)`` (shortest first); nodes that meet none form groups of their own.
+    Returned as consecutive labels. The nodes are images, or the parts of a cut of the tree
+    (:func:`_cut_tree`)."""
     n = labels.size
     parent = np.arange(n)
     group = np.asarray(labels, dtype=np.int64).copy()
@@ -838,16 +839,7 @@ def _cut_tree(n, ei, ej, n_edges, min_size):
         directed=False)[1]
     sizes = np.bincount(parts)
     group = np.where(sizes >= min_size, np.arange(sizes.size), -1)
-    parent = np.arange(sizes.size)
-    for e in range(n_edges, len(ei)):
-        a, b = _find(parent, parts[ei[e]]), _find(parent, parts[ej[e]])
-        if a == b or (group[a] >= 0 and group[b] >= 0):
-            continue
-        parent[b] = a
-        group[a] = group[a] if group[a] >= 0 else group[b]
-    roots = np.array([_find(parent, p) for p in range(sizes.size)])
-    labels = np.where(group[roots] >= 0, group[roots], sizes.size + roots)[parts]
-    return np.unique(labels, return_inverse=True)[1].astype(np.int64)
+    return _join_first_met(group, parts[ei[n_edges:]], parts[ej[n_edges:]])[parts]
 
 
 def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP):

@@ -241,8 +241,8 @@ def _uneven_triples(spreads, gap=3.0, seed=0):
     (0.1, 0.1, 1.0, 0.1),
 ])
 def test_groups_of_uneven_spread_each_separated_by_its_own_gap(spreads):
-    index, dist = _knn(*(_uneven_triples(spreads)[:1]), 5)
-    y = _uneven_triples(spreads)[1]
+    pts, y = _uneven_triples(spreads)
+    index, dist = _knn(pts, 5)
     single, _ = separated_groups(index, dist)
     assert single is None or single.max() + 1 < len(spreads)
     labels, ratio = density_groups(index, dist)
