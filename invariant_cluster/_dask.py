@@ -82,7 +82,7 @@ def resolve_client(client=None):
 
 
 def blocked_map(fn: Callable, blocks: Iterable, *, shared: Sequence = (), client=None,
-                desc=None) -> list:
+                desc=None, each: Callable | None = None, n_blocks=None):
     """``[fn(block, *shared) for block in blocks]``, locally or as one dask task per block.
 
     Parameters
@@ -98,25 +98,41 @@ def blocked_map(fn: Callable, blocks: Iterable, *, shared: Sequence = (), client
         None: joblib's dask backend's client if that backend is active, else this process.
     desc : str, optional
         Label of the progress bar over the blocks (shown with an estimator's ``verbose=1``).
+    each : callable, optional
+        ``each(block, result)``, called in the order of ``blocks`` as the results come, instead
+        of collecting them: in this process ``blocks`` may then be a generator, and only one
+        block and its result are alive at a time (the memory of a search does not grow with
+        its number of blocks).
+    n_blocks : int, optional
+        The number of blocks, for the progress bar when ``blocks`` is a generator.
 
     Returns
     -------
-    results : list
+    results : list or None
         In the order of ``blocks``; identical to the local computation (same function on the
-        same inputs).
+        same inputs). None with ``each``.
     """
     from ._heap import reusing_heap
     from ._progress import progress_bar
 
-    blocks = list(blocks)
     client = resolve_client(client)
-    with progress_bar(len(blocks), desc or getattr(fn, "__name__", "blocks")) as bar:
-        if client is None or not blocks:
-            out = []
+    if client is not None or each is None:
+        blocks = list(blocks)
+        n_blocks = len(blocks)
+    with progress_bar(n_blocks, desc or getattr(fn, "__name__", "blocks")) as bar:
+        if client is None:
+            out = None if each is not None else []
             for b in blocks:
-                out.append(fn(b, *shared))
+                r = fn(b, *shared)
+                if each is None:
+                    out.append(r)
+                else:
+                    each(b, r)
+                del r
                 bar.update()
             return out
+        if not blocks:
+            return None if each is not None else []
         # one scatter per shared object; wrapping in a list keeps dask from splitting a sequence.
         # hash=False: a key of its own for each call. dask's default key is the data's hash, so
         # a second call with the same data (a second fit, the next test) reused the key that the
@@ -129,7 +145,11 @@ def blocked_map(fn: Callable, blocks: Iterable, *, shared: Sequence = (), client
         for f in futures:
             f.add_done_callback(lambda _: bar.update())
         try:
-            return client.gather(futures)
+            if each is None:
+                return client.gather(futures)
+            for b, f in zip(blocks, futures):
+                each(b, f.result())
+            return None
         finally:
             for f in (*futures, *futures_shared):
                 f.release()

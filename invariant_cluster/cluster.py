@@ -512,7 +512,11 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         order[self.labels_] = labels[sample]
         self.cluster_centers_ = centers[torch.as_tensor(order, device=centers.device)].reshape(
             self.n_clusters_, -1).cpu().numpy().astype(np_dtype)
-        self.invariant_means_ = M.reshape(len(first), -1).cpu().numpy()[inverse].astype(np_dtype)
+        # (fancy indexing copies: the means are copied once, and their tensor freed, before the
+        # next copy of the images is made)
+        self.invariant_means_ = M.reshape(len(first), -1).cpu().numpy()[inverse].astype(
+            np_dtype, copy=False)
+        del M
         self.alignments_ = params.cpu().numpy().astype(np.float64)[inverse]
         if offsets is not None:  # back to the input's frame: T_tau T_(0, -d) and T_(0, d) mu
             shifts = shift_params(offsets)

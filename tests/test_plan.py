@@ -150,7 +150,8 @@ def test_batch_size_is_queries_per_block_in_the_candidate_search(monkeypatch, ba
     real = cand_module.blocked_map
 
     def spy(fn, blocks, **kwargs):
-        seen.append([set(q[q >= 0].tolist()) for _, q in blocks])
+        blocks = list(blocks)  # a generator: each block is gathered when it runs
+        seen.append([set(q[q >= 0].tolist()) for _, q, _ in blocks])
         return real(fn, blocks, **kwargs)
 
     monkeypatch.setattr(cand_module, "blocked_map", spy)

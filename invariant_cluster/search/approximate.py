@@ -90,16 +90,23 @@ def _build_index(keys: np.ndarray, random_state=0):
     return index
 
 
+def _rows(desc):
+    """Descriptors ``(b, U, d)`` as the C-contiguous float32 ``(b U, d)`` array faiss reads."""
+    return np.ascontiguousarray(desc.reshape(-1, desc.shape[-1]).detach().cpu().numpy(),
+                                np.float32)
+
+
 def _distinct_keys(index, queries, kq, U, V, m, exclude):
-    """The ``m`` nearest distinct keys of each query (``U`` consecutive rows of ``queries``)
-    among the ``kq`` nearest key copies (key ``i // V``) of each of its copies, leaving out
-    ``exclude[query]``: ``(keys (n_x, m) long, -1 where missing; rows short of m keys)``."""
-    n_x = queries.shape[0] // U
+    """The ``m`` nearest distinct keys of each query among the ``kq`` nearest key copies (key
+    ``i // V``) of each of its ``U`` copies (``queries``, ``(n_x, U, d)``, read one block of
+    rows at a time), leaving out ``exclude[query]``: ``(keys (n_x, m) long, -1 where missing;
+    rows short of m keys)``."""
+    n_x = queries.shape[0]
     out = torch.full((n_x, m), -1, dtype=torch.long)
     step = max(1, _BLOCK_ENTRIES // (U * kq))
     for q0 in range(0, n_x, step):
         q1 = min(n_x, q0 + step)
-        D, Ind = index.search(queries[q0 * U:q1 * U], kq)
+        D, Ind = index.search(_rows(queries[q0:q1]), kq)
         ex = None if exclude is None else exclude[q0:q1]
         out[q0:q1] = _reduce(torch.from_numpy(D), torch.from_numpy(Ind), U, V, m, ex)
     return out, torch.nonzero(out[:, -1] < 0).flatten()
@@ -140,7 +147,10 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
     Parameters
     ----------
     X_desc : torch.Tensor of shape (n_x, d) or (n_x, U, d)
-        Query descriptors, ``U`` copies per query.
+        Query descriptors, ``U`` copies per query; or an object with ``ndim``, ``shape``,
+        ``device`` and ``dtype`` whose rows, indexed (``X_desc[a:b]``, ``X_desc[rows]``), are
+        computed when read: the index is searched one block of queries at a time, so only that
+        block's descriptors are held.
     Y_desc : torch.Tensor of shape (n_y, d) or (n_y, V, d)
         Key descriptors, ``V`` copies per key; the distance of a pair is the smallest over the
         ``U x V`` pairs of copies (as in ``shortlist``).
@@ -174,8 +184,7 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
         raise ValueError(f"entries_per_candidate: expected a positive number, got "
                          f"{entries_per_candidate!r}")
     kq = int(max(1, min(n_index, 2 * m, math.ceil(per * m / U))))
-    keys = np.ascontiguousarray(Yd.reshape(n_index, d).detach().cpu().numpy(), np.float32)
-    queries = np.ascontiguousarray(Xd.reshape(n_x * U, d).detach().cpu().numpy(), np.float32)
+    keys = _rows(Yd)
     ex = None if exclude is None else exclude.cpu().long()
     with _faiss_threads(torch.get_num_threads()), \
             progress_bar(2, "approximate shortlist", "step") as bar:
@@ -183,14 +192,14 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
         index = _build_index(keys, random_state)
         bar.update()
         bar.set_postfix_str(f"querying {n_x * U} query copies")
-        out, short = _distinct_keys(index, queries, kq, U, V, m, ex)
+        out, short = _distinct_keys(index, Xd, kq, U, V, m, ex)
         # rows whose copies found the same keys again and again: asked again, with more
         # entries per copy
         for grow in _REQUERY_GROWTH:
             if not short.numel() or kq >= n_index:
                 break
             kq = int(min(n_index, kq * grow))
-            rows = queries.reshape(n_x, U, d)[short.numpy()].reshape(-1, d)
+            rows = Xd[short.to(Xd.device)]
             again, still = _distinct_keys(index, rows, kq, U, V, m,
                                           None if ex is None else ex[short])
             out[short] = again

@@ -18,11 +18,12 @@ __all__ = ["candidate_search"]
 def _key_block(block, X, xsq, shifts, angles, reflection=False):
     """Exact grid search of one block of keys against the queries that list them (a dask task).
 
-    ``block = (Yb, qidx)``: ``kb`` key images and, per key, the indices of the queries that have
-    it as a candidate, padded with -1 to ``(kb, m)``. Returns ``(dist, arg)`` of shape
-    ``(kb, m)``, ``arg = r * S + s`` the best grid point (first minimum in that order).
+    ``block = (Yb, qidx, pairs)``: ``kb`` key images and, per key, the indices of the queries
+    that have it as a candidate, padded with -1 to ``(kb, m)`` (``pairs``, where the caller puts
+    the results, is not read). Returns ``(dist, arg)`` of shape ``(kb, m)``, ``arg = r * S + s``
+    the best grid point (first minimum in that order).
     """
-    Yb, qidx = block
+    Yb, qidx = block[:2]
     kb, m = qidx.shape
     c, h, w = Yb.shape[1:]
     nf = c * h * w
@@ -173,34 +174,51 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
     # (lists padded with the query's own index cost nothing)
     keyed = candidates if exclude is None else torch.where(
         candidates == exclude.to(device)[:, None], n_y, candidates)
-    blocks, pair_ids = [], []
     step = max(1, n_x) if batch_size is None else batch_size
+    plans = []  # per query block: its pairs grouped by key, and its key blocks
     for q0 in range(0, n_x, step):  # query blocks; within each, key blocks from the budget
         flat = keyed[q0:q0 + step].reshape(-1)
         counts = torch.bincount(flat, minlength=n_y + 1)[:n_y]
-        order = torch.argsort(flat, stable=True)  # pairs grouped by key, queries ascending
-        starts = torch.cumsum(counts, 0) - counts
-        query_of_pair = order // c + q0
-        for keys in _key_blocks(counts.cpu(), per_key, per_pair, budget):
-            kt = torch.as_tensor(keys, device=device)
-            cnt = counts[kt]
-            slot = torch.arange(int(cnt.max()), device=device)
-            pos = starts[kt, None] + slot[None]  # (kb, m) positions in ``order``
-            valid = slot[None] < cnt[:, None]
-            pos = torch.where(valid, pos, torch.zeros_like(pos))
-            blocks.append((Y[kt], torch.where(valid, query_of_pair[pos], -1)))
-            pair_ids.append(torch.where(valid, order[pos] + q0 * c, -1))
-    xsq = (X.reshape(n_x, -1) ** 2).sum(1)
-    results = blocked_map(_key_block, blocks,
-                          shared=(X, xsq, grid.shifts, angles, grid.reflection),
-                          desc="exact search of the candidates",
-                          client=client)
+        plans.append((q0, counts, _key_blocks(counts.cpu(), per_key, per_pair, budget)))
+    del keyed
+
+    def blocks():
+        # one key block at a time: its keys and the queries that list them are gathered when
+        # it runs, so the search holds one block's copies, not the whole work list's
+        for q0, counts, key_blocks in plans:
+            flat = candidates[q0:q0 + step].reshape(-1)
+            if exclude is not None:
+                flat = torch.where(flat == exclude.to(device)[q0:q0 + step].repeat_interleave(
+                    c), n_y, flat)
+            order = torch.argsort(flat, stable=True)  # pairs grouped by key, queries ascending
+            del flat
+            starts = torch.cumsum(counts, 0) - counts
+            for keys in key_blocks:
+                kt = torch.as_tensor(keys, device=device)
+                cnt = counts[kt]
+                slot = torch.arange(int(cnt.max()), device=device)
+                pos = starts[kt, None] + slot[None]  # (kb, m) positions in ``order``
+                valid = slot[None] < cnt[:, None]
+                pos = torch.where(valid, pos, torch.zeros_like(pos))
+                pair = order[pos]
+                # the task's inputs, and (not read by the task) where its results go
+                yield (Y[kt], torch.where(valid, torch.div(pair, c, rounding_mode="floor") + q0,
+                                          -1),
+                       torch.where(valid, pair + q0 * c, -1))
+
     dist_all = torch.full((n_x * c,), math.inf, dtype=dtype, device=device)
     arg_all = torch.zeros((n_x * c,), dtype=torch.long, device=device)
-    for (d, a), pid in zip(results, pair_ids):
+
+    def scatter(block, result):
+        pid = block[2]
         ok = pid >= 0
-        dist_all[pid[ok]] = d.to(device)[ok]
-        arg_all[pid[ok]] = a.to(device)[ok]
+        dist_all[pid[ok]] = result[0].to(device)[ok]
+        arg_all[pid[ok]] = result[1].to(device)[ok]
+
+    xsq = (X.reshape(n_x, -1) ** 2).sum(1)
+    blocked_map(_key_block, blocks(), shared=(X, xsq, grid.shifts, angles, grid.reflection),
+                desc="exact search of the candidates", client=client, each=scatter,
+                n_blocks=sum(len(p[2]) for p in plans))
     dist_all = mask_excluded(dist_all.reshape(n_x, c), candidates,
                              None if exclude is None else exclude.to(device))
     dist, index, best = merge_topk(None, dist_all, candidates, arg_all.reshape(n_x, c), kk)

@@ -40,6 +40,8 @@ _SHORTLIST_ANGLE_STEP = 15.0
 _SHORTLIST_ANGULAR = 32
 _SHORTLIST_FREQUENCIES = 9
 _SHORTLIST_BLUR = 0.5
+# Rows of the pass over the neighbours' neighbours whose merged lists are sorted at once.
+_HOP_ROWS = 1 << 16
 
 
 def shortlist_descriptors(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *,
@@ -226,14 +228,9 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
                              what=f"the neighbour search of {n_x} x {n_y} images")
         if n_candidates >= n_avail:  # the shortlist would hold every key anyway
             candidates = torch.arange(n_y, device=X.device).expand(X.shape[0], n_y)
-        elif approximate:
-            X_desc, Y_desc = shortlist_descriptors(X, Y, grid, descriptor=descriptor,
-                                                   rotate="auto")
-            candidates = _approximate.approximate_shortlist(X_desc, Y_desc, n_candidates,
-                                                            exclude=exclude)
-        else:
-            X_desc, Y_desc = shortlist_descriptors(X, Y, grid, descriptor=descriptor)
-            candidates = shortlist(X_desc, Y_desc, n_candidates, exclude=exclude)
+        else:  # the descriptors are freed before the exact search
+            candidates = _shortlist_of(X, Y, grid, n_candidates, exclude, descriptor,
+                                       approximate)
     out = candidate_search(X, Y, candidates, grid, k=k, batch_size=batch_size, exclude=exclude,
                            client=client)
     hops = HOP_NEIGHBORS if hops is None else check_int(hops, "hops", 0)
@@ -242,27 +239,71 @@ def neighbor_search(X: torch.Tensor, Y: torch.Tensor, grid: SearchGrid, *, k, n_
     return (*out, candidates) if return_candidates else out
 
 
+class _DescribedRows:
+    """The descriptors ``describe(X[rows])`` of the rows of ``X``, computed when indexed: a
+    ``(n, U, d)`` stand-in for the query descriptors of the approximate shortlist, which reads
+    them one block of rows at a time."""
+
+    ndim = 3
+
+    def __init__(self, X, describe):
+        self.X, self.describe = X, describe
+        first = describe(X[:1])
+        self.shape = (X.shape[0], *first.shape[1:])
+        self.device, self.dtype = first.device, first.dtype
+
+    def __getitem__(self, rows):
+        return self.describe(self.X[rows])
+
+
+def _shortlist_of(X, Y, grid, n_candidates, exclude, descriptor, approximate):
+    """The ``n_candidates`` nearest keys of each query by descriptor distance (faiss's
+    inverted file when ``approximate``, else all pairs)."""
+    if approximate:
+        # the keys' descriptors go into faiss's index; the queries' are computed block by block
+        # as the index is searched (they are U times larger than the keys' where U > V)
+        Y_desc = shortlist_descriptors(X[:1], Y, grid, descriptor=descriptor, rotate="auto")[1]
+        X_desc = _DescribedRows(
+            X, lambda rows: shortlist_descriptors(rows, rows[:1], grid, descriptor=descriptor,
+                                                  rotate="auto")[0])
+        return _approximate.approximate_shortlist(X_desc, Y_desc, n_candidates,
+                                                  exclude=exclude)
+    X_desc, Y_desc = shortlist_descriptors(X, Y, grid, descriptor=descriptor)
+    return shortlist(X_desc, Y_desc, n_candidates, exclude=exclude)
+
+
 def _hop_pass(X, grid, found, candidates, hops, exclude, batch_size, client):
     """One more exact pass of a self-search over the neighbours' neighbours: the ``hops``
     nearest neighbours of each query's ``hops`` nearest neighbours that its shortlist did not
     hold, merged into its top-``k`` (see ``search.plan.HOP_NEIGHBORS``)."""
     dist, index, params = found
-    n, c = candidates.shape
+    n = candidates.shape[0]
     own = exclude.to(index.device)
-    hop = index[index[:, :hops]][:, :, :hops].reshape(n, hops * hops)
-    # sort each row's shortlist and hop lists together, shortlist first for equal keys (tag 0);
-    # a hop key is new when it is the first of its run and tagged 1
-    keyed = torch.cat([candidates.to(index.device) * 2, hop * 2 + 1], 1).sort(1).values
-    key = keyed // 2
-    new = (keyed % 2 == 1)
-    new[:, 1:] &= key[:, 1:] != key[:, :-1]
-    new &= key != own[:, None]
-    width = int(new.sum(1).max()) if n else 0
+    parts = []
+    for r0 in range(0, n, _HOP_ROWS):  # row blocks: the sorted lists are (rows, c + hops^2)
+        rows = slice(r0, min(n, r0 + _HOP_ROWS))
+        hop = index[index[rows, :hops]][:, :, :hops].reshape(-1, hops * hops)
+        # sort each row's shortlist and hop lists together, shortlist first for equal keys
+        # (tag 0); a hop key is new when it is the first of its run and tagged 1
+        keyed = torch.cat([candidates[rows].to(index.device) * 2, hop * 2 + 1], 1).sort(1).values
+        del hop
+        key = keyed // 2
+        new = (keyed % 2 == 1)
+        del keyed
+        new[:, 1:] &= key[:, 1:] != key[:, :-1]
+        new &= key != own[rows, None]
+        width = int(new.sum(1).max()) if new.numel() else 0
+        # the new keys first in each row (stable), padded with the query itself (never
+        # computed)
+        pos = torch.argsort((~new).to(torch.int8), dim=1, stable=True)[:, :width]
+        parts.append(torch.where(new.gather(1, pos), key.gather(1, pos), own[rows, None]))
+        del key, new, pos
+    width = max((p.shape[1] for p in parts), default=0)
     if width == 0:
         return found
-    # the new keys first in each row (stable), padded with the query itself (never computed)
-    pos = torch.argsort((~new).to(torch.int8), dim=1, stable=True)[:, :width]
-    extra = torch.where(new.gather(1, pos), key.gather(1, pos), own[:, None])
+    extra = torch.cat([torch.cat([p, own[r0:r0 + p.shape[0], None].expand(-1, width - p.shape[1])],
+                                 1) for r0, p in zip(range(0, n, _HOP_ROWS), parts)])
+    del parts
     d2, i2, p2 = candidate_search(X, X, extra, grid, k=min(width, dist.shape[1]),
                                   batch_size=batch_size, exclude=exclude, client=client)
     return merge_topk(found, d2, i2, p2, dist.shape[1])
