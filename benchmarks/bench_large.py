@@ -45,6 +45,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--copies", type=int, default=3)
     p.add_argument("--recall-queries", type=int, default=100)
+    p.add_argument("--verbose", type=int, default=0, help="the estimator's verbose (stage times)")
     args = p.parse_args(argv)
     import torch
 
@@ -56,7 +57,8 @@ def main(argv=None):
     n = len(X)
     data_s = time.perf_counter() - t0
     est = InvariantAttentionClusterer(n_clusters=10, max_rotation=15, n_rotations=7,
-                                      max_translation=1, random_state=0)
+                                      max_translation=1, random_state=0,
+                                      verbose=args.verbose)
     t0 = time.perf_counter()
     est.fit(X)
     fit_s = time.perf_counter() - t0

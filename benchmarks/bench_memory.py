@@ -13,6 +13,7 @@ max_translation=1)``.
 
     python benchmarks/bench_memory.py                      # 2,000, 5,000 and 10,000 images
     python benchmarks/bench_memory.py --n 70000 --out benchmarks/results/memory_70k.json
+    python benchmarks/bench_memory.py --n 10000 70000 --n-clusters 10 none   # and the count
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _rss_mb():
     return psutil.Process().memory_info().rss / 2 ** 20
 
 
-def child(n, data):
+def child(n, data, n_clusters=10):
     import numpy as np
 
     from invariant_cluster import InvariantAttentionClusterer
@@ -54,11 +55,13 @@ def child(n, data):
     if n > len(X):
         raise SystemExit(f"--n: {n} images requested, {len(X)} available in {source}")
     X = np.ascontiguousarray(X[:n], dtype=np.float32)
-    est = InvariantAttentionClusterer(**PARAMS)
+    est = InvariantAttentionClusterer(**{**PARAMS, "n_clusters": n_clusters})
     k = est.n_neighbors
     c = make_search_plan(n, n, est._grid(refine=False).size, k, method=est.neighbor_search,
                          n_candidates=est.n_candidates).n_candidates
-    estimate = estimate_fit_bytes(n, X[0].size, k, c) / 2 ** 20
+    # as fit calls it (the default noise_std measures the noise: the filtered copy is kept)
+    estimate = estimate_fit_bytes(n, X[0].size, k, c, filtered=est.noise_std != 0,
+                                  grouping_means=n_clusters is None) / 2 ** 20
     before = _rss_mb()
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t0 = time.perf_counter()
@@ -66,7 +69,8 @@ def child(n, data):
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     used = peak - before
-    print(json.dumps({"n": n, "source": source, "n_candidates": c, "rss_before_mb": before,
+    print(json.dumps({"n": n, "n_clusters": n_clusters, "source": source, "n_candidates": c,
+                      "rss_before_mb": before,
                       "peak_before_fit_mb": peak_before, "peak_mb": peak,
                       "fit_increase_mb": used, "estimate_mb": estimate,
                       "estimate_over_measured": estimate / used, "seconds": seconds}))
@@ -77,15 +81,18 @@ def main(argv=None):
     p.add_argument("--n", type=int, nargs="+", default=[2000, 5000, 10000])
     p.add_argument("--data", default=None)
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--n-clusters", nargs="+", default=["10"],
+                   help="the estimator's n_clusters, each in turn ('none': the count)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    counts = [None if v.lower() == "none" else int(v) for v in args.n_clusters]
     if args.child is not None:
         from _common import data_home
 
-        return child(args.child, str(data_home(args.data)))
+        return child(args.child, str(data_home(args.data)), counts[0])
     rows = []
-    for n in args.n:
-        cmd = [sys.executable, __file__, "--child", str(n)] + (
+    for n_clusters, n in [(c, n) for c in args.n_clusters for n in args.n]:
+        cmd = [sys.executable, __file__, "--child", str(n), "--n-clusters", n_clusters] + (
             ["--data", args.data] if args.data else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -93,7 +100,9 @@ def main(argv=None):
             raise SystemExit(proc.returncode)
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         print_table(rows[-1:], list(rows[-1]))
-    result = {"benchmark": "memory", "env": environment(), "params": PARAMS, "rows": rows}
+    result = {"benchmark": "memory", "env": environment(),
+              "params": {k: v for k, v in PARAMS.items() if k != "n_clusters"},
+              "n_clusters": counts, "rows": rows}
     write_json(result, Path(args.out or RESULTS / "memory.json"))
     return result
 

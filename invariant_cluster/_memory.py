@@ -254,26 +254,30 @@ def block_elements(device="cpu", bytes_per_element=4, fraction=0.25, *, cap=None
 
 
 # ----------------------------------------------------------------------------- whole-fit estimate
-# Maintenance note: bytes a fit holds per kNN edge beyond its arrays: the grouping's fuzzy graphs
-# (scipy CSR copies of W, W^T and their union, for the samples' and the means' graphs) and the
-# edge lists handed to igraph as Python lists (about 60 bytes per int or float). Calibrated with
-# benchmarks/bench_memory.py (fresh processes, peak RSS, Fashion-MNIST at the issue's search
-# range): see docs/user_guide/scaling.rst for the measured peaks and the estimate beside them.
-GROUPING_BYTES_PER_EDGE = 400
+# Maintenance note: bytes a fit holds per edge of its kNN graph in the grouping (the fuzzy graph's
+# CSR copies and the edge lists handed to igraph), and per pair of the candidate search beyond
+# its candidates (the pairs grouped by key, the excluded pairs' copy, the sort's indices and the
+# best grid point: four int64 and the distance). Calibrated with benchmarks/bench_memory.py
+# (fresh processes, peak RSS, Fashion-MNIST at the issue's search range, n_clusters=10 and None,
+# 10,000 and 70,000 images): see docs/user_guide/scaling.rst for the measured peaks and the
+# estimate beside them.
+GROUPING_BYTES_PER_EDGE = 40
+PAIR_BYTES = 4 * 8
 
 
 def estimate_fit_bytes(n, n_features, k, n_candidates=0, *, element_size=4, device="cpu",
-                       filtered=False):
+                       filtered=False, grouping_means=False):
     """Bytes an :class:`~invariant_cluster.InvariantAttentionClusterer` fit allocates at its
     peak, beyond what the process holds before it (an estimate, within 2x of the measured peak).
 
-    The terms, each linear in ``n``: the validated copy of ``X`` and its tensor, the converged
-    means and the update's buffer, and the means kept as ``invariant_means_`` (5 images per
-    sample); the kNN graph with its alignments, the attention weights and the shortlist's
-    candidates; the two-hop candidates of the means' graph (``k + k^2`` indices per sample) and
-    the grouping's graphs (:data:`GROUPING_BYTES_PER_EDGE` per edge); and, once, the search and
-    iteration blocks (at most :data:`SCORE_BLOCK_ELEMENTS`, twice: the scores and the warped
-    keys).
+    The terms, each linear in ``n``: two images per sample (the fit's tensor of the distinct
+    images and the means, or ``invariant_means_`` once the means' tensor is freed), one more
+    for the filtered copy ``predict`` keeps; the kNN graph with its alignments and attention
+    weights; the candidate search's pairs (the shortlist's ``n_candidates`` per sample); the
+    grouping's graphs (:data:`GROUPING_BYTES_PER_EDGE` per edge); with ``grouping_means``
+    (``n_clusters=None``), the search of the means' graph among the ``k + k^2`` neighbours of
+    neighbours; and, once, the search and iteration blocks (at most
+    :data:`SCORE_BLOCK_ELEMENTS`, twice: the scores and the warped keys).
 
     Parameters
     ----------
@@ -288,14 +292,18 @@ def estimate_fit_bytes(n, n_features, k, n_candidates=0, *, element_size=4, devi
     filtered : bool, default=False
         The images are filtered (``noise_std``): the fit keeps the filtered copy for
         ``predict``, one image more per sample.
+    grouping_means : bool, default=False
+        The count (``n_clusters=None``) searches the converged means' graph.
 
     Returns
     -------
     n_bytes : int
     """
     n, f, k, c, es = int(n), int(n_features), int(k), int(n_candidates), int(element_size)
-    images = (6 if filtered else 5) * n * f * es
-    graph = n * k * (8 + 4 * es) + n * (k + 1) * (8 + es) + n * c * (8 + 2 * es)
-    grouping = n * (k + k * k) * 8 * 2 + n * k * 2 * GROUPING_BYTES_PER_EDGE
+    images = (3 if filtered else 2) * n * f * es
+    graph = n * k * (8 + 4 * es) + n * (k + 1) * (8 + es) + n * c * (8 + PAIR_BYTES + es)
+    grouping = n * k * 2 * GROUPING_BYTES_PER_EDGE
+    if grouping_means:
+        grouping += n * (k + k * k) * (8 + PAIR_BYTES + 2 * es)
     blocks = 2 * min(block_elements(device, es), SCORE_BLOCK_ELEMENTS) * es
     return int(images + graph + grouping + blocks)

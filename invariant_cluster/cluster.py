@@ -427,7 +427,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                              element_size=X2.dtype.itemsize, device=dev, what=what)
         _memory.check_fits(
             _memory.estimate_fit_bytes(n, X2.shape[1], k, c, element_size=X2.dtype.itemsize,
-                                       device=dev, filtered=self.noise_std != 0),
+                                       device=dev, filtered=self.noise_std != 0,
+                                       grouping_means=self.n_clusters is None),
             dev, what,
             hint="fit a subset, lower n_neighbors, or run on a machine with more memory")
         # the distinct images in an order set by their content: the fit does not depend on the
@@ -462,7 +463,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                 rep_u = np.unique(dup)
                 Xt = Xu[torch.as_tensor(rep_u, device=dev)]
                 k = int(min(self.n_neighbors, len(rep_u) - 1))
-                D, idx, P = self._search(Xt, grid, k)
+                D, idx, P = self._search_representatives(Xt, rep_u, (D, idx, P), grid, k)
                 self._log(f"{len(first) - len(rep_u)} near duplicates set aside")
             m = Xt.shape[0]
             core = np.zeros(len(first), dtype=np.int64)
@@ -555,6 +556,29 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         return knn_search(Xt, Xt, grid, k, plan=self.search_plan_, batch_size=self.batch_size,
                           exclude=torch.arange(Xt.shape[0], device=Xt.device),
                           client=self.client)
+
+    def _search_representatives(self, Xt, rep, found, grid, k):
+        """The kNN graph of the representatives ``Xt`` (rows ``rep`` of the images whose graph
+        ``found`` is): a row whose ``k`` nearest were all representatives keeps them (they are
+        its ``k`` nearest among the representatives too); the others are searched again. All
+        rows are searched again when every row lost a neighbour (a data set stored twice)."""
+        D, idx, P = found
+        dev = Xt.device
+        m = Xt.shape[0]
+        new_id = torch.full((idx.shape[0],), -1, dtype=torch.long, device=dev)
+        new_id[torch.as_tensor(rep, device=dev)] = torch.arange(m, device=dev)
+        keep = torch.as_tensor(rep, device=dev)
+        mapped = new_id[idx[keep, :k]]
+        redo = torch.nonzero(~(mapped >= 0).all(1)).flatten()
+        if k == 0 or len(redo) == m:
+            return self._search(Xt, grid, k)
+        D, idx, P = D[keep, :k].clone(), mapped, P[keep, :k].clone()
+        if len(redo):
+            plan = self._plan(m, grid, k, dev, n_queries=len(redo))
+            D[redo], idx[redo], P[redo] = knn_search(
+                Xt[redo], Xt, grid, k, plan=plan, batch_size=self.batch_size, exclude=redo,
+                client=self.client)
+        return D, idx, P
 
     def _expand(self, Xu, M, params, centers, labels, core, rep):
         """The means and alignments of every distinct image ``Xu`` from those of the

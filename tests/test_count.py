@@ -341,6 +341,37 @@ def test_near_duplicates():
     assert near_duplicates(torch.full((3, 2), 16.0), idx) is None
 
 
+@pytest.mark.parametrize("n_dup", [1, 5])
+def test_representatives_graph_repairs_only_the_rows_that_lost_a_neighbour(n_dup):
+    # a few near duplicates set aside: the representatives' graph is the exact kNN graph of
+    # the representatives (as a search of them alone gives), though only the rows that had a
+    # set-aside image among their neighbours were searched again
+    from invariant_cluster.alignment import grid_search
+
+    rng = np.random.default_rng(n_dup)
+    base = rng.random((40, 9, 9)).astype(np.float32)
+    jitter = 1e-5 * rng.standard_normal((n_dup, 9, 9)).astype(np.float32)
+    X = torch.as_tensor(np.concatenate([base, base[:n_dup] + jitter])).reshape(-1, 1, 9, 9)
+    est = InvariantAttentionClusterer(group="rotation", n_rotations=8, n_neighbors=6,
+                                      neighbor_search="exact")
+    est.image_shape_ = (1, 9, 9)
+    grid = est._grid(refine=False)
+    n, k = X.shape[0], 6
+    found = grid_search(X, X, grid, k=k, exclude=torch.arange(n))
+    rep = near_duplicates(found[0], found[1])
+    assert rep is not None and len(np.unique(rep)) == 40
+    keep = np.unique(rep)
+    Xt = X[torch.as_tensor(keep)]
+    D, idx, P = est._search_representatives(Xt, keep, found, grid, k)
+    D0, idx0, P0 = grid_search(Xt, Xt, grid, k=k, exclude=torch.arange(len(keep)))
+    assert torch.equal(idx, idx0)
+    assert torch.allclose(D, D0, rtol=1e-5, atol=1e-5) and torch.allclose(P, P0)
+    # the rows that kept their lists: the same distances and alignments as before
+    clean = (np.isin(found[1][torch.as_tensor(keep)].numpy(), keep)).all(1)
+    assert clean.any() and not clean.all()
+    assert torch.equal(D[torch.as_tensor(clean)], found[0][torch.as_tensor(keep[clean])])
+
+
 def _stacked(X, how, seed=0):
     if how == "exact":
         return np.concatenate([X, X])
@@ -390,12 +421,19 @@ def test_fit_with_n_clusters_on_duplicates_does_not_crash():
     assert est.n_clusters_ == 4
 
 
-def test_partial_duplicates_keep_the_partition():
+@pytest.mark.parametrize("how", ["exact", "jitter"])
+@pytest.mark.parametrize("share", [0.05, 0.5])
+def test_partial_duplicates_keep_the_partition(how, share):
+    # jittered copies of a few images are near duplicates: only the rows whose neighbours
+    # include one are searched again (_search_representatives)
     X, y = _copies(5, 12, seed=7)
     single = _fit(X)
     rng = np.random.default_rng(0)
-    extra = rng.choice(len(X), len(X) // 2, replace=False)
-    est = _fit(np.concatenate([X, X[extra]]))
+    extra = rng.choice(len(X), max(1, int(share * len(X))), replace=False)
+    more = X[extra]
+    if how == "jitter":
+        more = more + 1e-4 * rng.standard_normal(more.shape).astype(X.dtype)
+    est = _fit(np.concatenate([X, more]))
     assert adjusted_rand_score(single.labels_, est.labels_[:len(X)]) == 1.0
     np.testing.assert_array_equal(est.labels_[len(X):], est.labels_[extra])
 
