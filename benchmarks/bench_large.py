@@ -11,6 +11,7 @@ random images against all of them, on the fit's filtered images) by the fit's gr
 
     python benchmarks/bench_large.py --copies 3          # 210,000 images
     python benchmarks/bench_large.py --copies 15         # 1,050,000 images
+    python benchmarks/bench_large.py --copies 15 --graph samples   # without the means' search
 
 Writes ``benchmarks/results/large_<n>.json``.
 """
@@ -46,6 +47,7 @@ def main(argv=None):
     p.add_argument("--copies", type=int, default=3)
     p.add_argument("--recall-queries", type=int, default=100)
     p.add_argument("--verbose", type=int, default=0, help="the estimator's verbose (stage times)")
+    p.add_argument("--graph", default="auto", help="the estimator's graph (default: its default)")
     args = p.parse_args(argv)
     import torch
 
@@ -58,13 +60,14 @@ def main(argv=None):
     data_s = time.perf_counter() - t0
     est = InvariantAttentionClusterer(n_clusters=10, max_rotation=15, n_rotations=7,
                                       max_translation=1, random_state=0,
-                                      verbose=args.verbose)
+                                      graph=args.graph, verbose=args.verbose)
     t0 = time.perf_counter()
     est.fit(X)
     fit_s = time.perf_counter() - t0
     row = {"n": n, "copies": args.copies, "data_s": data_s, "fit_s": fit_s,
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            **scores(y, est.labels_), "plan": est.search_plan_.to_dict(),
+           "graph": args.graph, "graph_used": est.graph_,
            "loadavg": os.getloadavg()}
     print_table([row], ["n", "fit_s", "peak_rss_mb", "acc", "nmi"])
     # recall of the exact top-15 on the filtered images the fit searched
@@ -82,7 +85,8 @@ def main(argv=None):
     print_table([row], ["n", "recall_exact_top15", "recall_check_s"])
     write_json({"benchmark": "large", "env": environment(), "args": vars(args), "rows": [row],
                 "note": "one fresh process; the machine's other load is in loadavg"},
-               RESULTS / f"large_{n}.json")
+               RESULTS / (f"large_{n}.json" if args.graph == "auto"
+                          else f"large_{n}_{args.graph}.json"))
 
 
 if __name__ == "__main__":
