@@ -510,6 +510,31 @@ def test_spectral_labels_of_connected_blocks():
     assert adjusted_rand_score(blocks, labels) == 1.0
 
 
+def test_spectral_labels_beyond_arpack_take_lobpcg(monkeypatch):
+    # large graphs take LOBPCG (ARPACK's shift-invert LU fills in): the same blocks found
+    import sklearn.manifold
+    from scipy.sparse import csr_matrix
+
+    import invariant_cluster._grouping as grouping
+
+    seen = []
+    real = sklearn.manifold.spectral_embedding
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("eigen_solver"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sklearn.manifold, "spectral_embedding", spy)
+    blocks = np.repeat(np.arange(3), [30, 45, 25])
+    W = (blocks[:, None] == blocks[None, :]).astype(float) + 0.01
+    np.fill_diagonal(W, 0)
+    for limit, solver in ((10_000, "arpack"), (50, "lobpcg")):
+        monkeypatch.setattr(grouping, "SPECTRAL_ARPACK_MAX_NODES", limit)
+        labels = grouping.spectral_labels(csr_matrix(W), 3, 0)
+        assert seen[-1] == solver
+        assert adjusted_rand_score(blocks, labels) == 1.0
+
+
 def _knn_of(X, k):
     from sklearn.neighbors import NearestNeighbors
 
