@@ -565,9 +565,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         D, idx, P = found
         dev = Xt.device
         m = Xt.shape[0]
-        new_id = torch.full((idx.shape[0],), -1, dtype=torch.long, device=dev)
-        new_id[torch.as_tensor(rep, device=dev)] = torch.arange(m, device=dev)
         keep = torch.as_tensor(rep, device=dev)
+        new_id = torch.full((idx.shape[0],), -1, dtype=torch.long, device=dev)
+        new_id[keep] = torch.arange(m, device=dev)
         mapped = new_id[idx[keep, :k]]
         redo = torch.nonzero(~(mapped >= 0).all(1)).flatten()
         if k == 0 or len(redo) == m:

@@ -172,7 +172,7 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
         Distinct key indices, nearest first (by descriptor distance).
     """
     Xd, Yd, m = check_descriptors(X_desc, Y_desc, n_candidates, exclude)
-    n_x, U, d = Xd.shape
+    n_x, U = Xd.shape[:2]
     n_y, V = Yd.shape[:2]
     device = Xd.device
     n_index = n_y * V

@@ -172,24 +172,26 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
                        hint="use a smaller grid (n_rotations, max_translation) or smaller images")
     # an excluded pair is never computed: its key becomes n_y, sorted past every real key
     # (lists padded with the query's own index cost nothing)
-    keyed = candidates if exclude is None else torch.where(
-        candidates == exclude.to(device)[:, None], n_y, candidates)
     step = max(1, n_x) if batch_size is None else batch_size
-    plans = []  # per query block: its pairs grouped by key, and its key blocks
+    own = None if exclude is None else exclude.to(device)
+
+    def keyed(q0):
+        """The candidates of the query block at ``q0``, flat, the excluded ones as ``n_y``."""
+        block = candidates[q0:q0 + step]
+        if own is not None:
+            block = torch.where(block == own[q0:q0 + step, None], n_y, block)
+        return block.reshape(-1)
+
+    plans = []  # per query block: its pairs' counts by key, and its key blocks
     for q0 in range(0, n_x, step):  # query blocks; within each, key blocks from the budget
-        flat = keyed[q0:q0 + step].reshape(-1)
-        counts = torch.bincount(flat, minlength=n_y + 1)[:n_y]
+        counts = torch.bincount(keyed(q0), minlength=n_y + 1)[:n_y]
         plans.append((q0, counts, _key_blocks(counts.cpu(), per_key, per_pair, budget)))
-    del keyed
 
     def blocks():
         # one key block at a time: its keys and the queries that list them are gathered when
         # it runs, so the search holds one block's copies, not the whole work list's
         for q0, counts, key_blocks in plans:
-            flat = candidates[q0:q0 + step].reshape(-1)
-            if exclude is not None:
-                flat = torch.where(flat == exclude.to(device)[q0:q0 + step].repeat_interleave(
-                    c), n_y, flat)
+            flat = keyed(q0)
             order = torch.argsort(flat, stable=True)  # pairs grouped by key, queries ascending
             del flat
             starts = torch.cumsum(counts, 0) - counts
@@ -219,7 +221,6 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
     blocked_map(_key_block, blocks(), shared=(X, xsq, grid.shifts, angles, grid.reflection),
                 desc="exact search of the candidates", client=client, each=scatter,
                 n_blocks=sum(len(p[2]) for p in plans))
-    dist_all = mask_excluded(dist_all.reshape(n_x, c), candidates,
-                             None if exclude is None else exclude.to(device))
+    dist_all = mask_excluded(dist_all.reshape(n_x, c), candidates, own)
     dist, index, best = merge_topk(None, dist_all, candidates, arg_all.reshape(n_x, c), kk)
     return dist, index, grid.decode(best, X)
