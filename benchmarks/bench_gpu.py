@@ -20,7 +20,12 @@ Rows, each timed with ``torch.cuda.synchronize()``:
   ``max_rotation=60, n_rotations=24`` (the clustering benchmark's row), the default plan and
   the descriptor shortlist;
 - ``transformer``: ``InvariantKNeighborsTransformer(n_neighbors=15, max_rotation=15,
-  n_rotations=7, max_translation=1).fit_transform`` on the Fashion-MNIST images.
+  n_rotations=7, max_translation=1).fit_transform`` on the Fashion-MNIST images;
+- ``fresh``: the first fit of a new Python process whose caches are new, empty folders
+  (matplotlib's, numba's, CUDA's compiled-kernel cache, ``XDG_CACHE_HOME``), as on a fresh
+  machine: the import, the card's start, the first and the second fit; then the same with
+  ``matplotlib.pyplot`` imported (and its font cache built) before the fit, because
+  ``import igraph`` (the grouping's Leiden) imports it.
 
 Targets (one H100 or H200): 70,000 Fashion-MNIST fit under 10 s with the search under 3 s;
 10,000 rotated MNIST under 1 s; the transformer at 70,000 under 5 s. Writes
@@ -104,6 +109,56 @@ class matmul_precision:
         torch.set_float32_matmul_precision(self.before)
 
 
+_FRESH = """
+import json, sys, time
+t = time.perf_counter()
+import numpy as np, torch
+from invariant_cluster import InvariantAttentionClusterer
+from invariant_cluster.datasets import load_fashion_mnist
+out = {"import_s": time.perf_counter() - t}
+if sys.argv[1] == "plot-first":
+    t = time.perf_counter()
+    import matplotlib.pyplot  # noqa: F401
+    out["matplotlib_pyplot_import_s"] = time.perf_counter() - t
+cuda = sys.argv[2].startswith("cuda")
+sync = torch.cuda.synchronize if cuda else (lambda: None)
+t = time.perf_counter(); torch.zeros(1, device=sys.argv[2]); sync()
+out["device_init_s"] = time.perf_counter() - t
+X, y = load_fashion_mnist(split=sys.argv[3], return_X_y=True, data_home=sys.argv[4] or None)
+X = X[:int(sys.argv[5])] if int(sys.argv[5]) else X
+params = dict(n_clusters=10, max_rotation=15, n_rotations=7, max_translation=1,
+              random_state=0, device="auto" if cuda else sys.argv[2])
+for name in ("first_fit_s", "second_fit_s"):
+    t = time.perf_counter()
+    InvariantAttentionClusterer(**params).fit(X)
+    sync()
+    out[name] = time.perf_counter() - t
+out["n"] = len(X)
+print("FRESH" + json.dumps(out))
+"""
+
+
+def fresh_process(args, split, order):
+    """The first fits of a new process with new, empty cache folders (see ``fresh``)."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ)
+        for var in ("MPLCONFIGDIR", "NUMBA_CACHE_DIR", "CUDA_CACHE_PATH", "XDG_CACHE_HOME",
+                    "TORCHINDUCTOR_CACHE_DIR"):
+            env[var] = os.path.join(tmp, var.lower())
+            os.makedirs(env[var])
+        home = str(data_home(args.data_home)) if split == "test" else ""
+        run = subprocess.run(
+            [sys.executable, "-c", _FRESH, order, args.device, split, home, str(args.n or 0)],
+            env=env, capture_output=True, text=True, check=True)
+    line = [s for s in run.stdout.splitlines() if s.startswith("FRESH")][-1]
+    return json.loads(line[len("FRESH"):])
+
+
 def profile_fit(X, params, device, folder, prefix=""):
     """One more default fit under cProfile and torch.profiler; text summaries in ``folder``."""
     import cProfile
@@ -149,7 +204,7 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=None, help="Fashion-MNIST images (default: all)")
     p.add_argument("--quick", action="store_true", help="2,000 images per row")
     p.add_argument("--out", default=None)
-    p.add_argument("--rows", default="fashion,exact,knn,tf32,mnist,transformer",
+    p.add_argument("--rows", default="fashion,exact,knn,tf32,mnist,transformer,fresh",
                    help="rows to run, comma separated (default: all)")
     p.add_argument("--profile", default=None,
                    help="folder for profiles of one more default fit of each data set run "
@@ -173,6 +228,11 @@ def main(argv=None):
 
     X, y, source = fashion(args)
     n = len(X)
+    if "fresh" in wanted:  # first, before this process warms any cache
+        split = "all" if source.endswith("train + test") else "test"
+        for order in ("fit-first", "plot-first"):
+            add({"row": "fresh", "data": source, "caches": "new empty folders",
+                 "order": order, **fresh_process(args, split, order)})
     params = dict(n_clusters=10, max_rotation=15, n_rotations=7, max_translation=1,
                   random_state=0, device="auto" if dev == "cuda" else dev)
     # the process's first use of the card (its context), timed apart from the first fit

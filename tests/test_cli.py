@@ -203,7 +203,13 @@ class TestDemo:
             assert 0 <= r["ACC"] <= 1 and -1 <= r["ARI"] <= 1 and r["seconds"] >= 0
         assert (out / "invariant_means.png").read_bytes()[:4] == b"\x89PNG"
 
-    def test_demo_errors(self, tmp_path, capsys):
+    def test_demo_errors(self, tmp_path, capsys, monkeypatch):
+        # an empty --data folder, and none of the loader's other folders to fall back on
+        from invariant_cluster.datasets import _mnist
+
+        monkeypatch.delenv(_mnist.DATA_ENV, raising=False)
+        monkeypatch.setattr(_mnist, "_home_dir", lambda: tmp_path / "home")
+        monkeypatch.setattr(_mnist, "_SYSTEM_DATA_DIR", tmp_path / "system")
         assert_usage_error(call(capsys, "demo", "--n-samples", "5000"), "--n-samples")
         assert_usage_error(call(capsys, "demo", "--data", tmp_path), "--data", "MNIST")
         assert_usage_error(call(capsys, "demo", "--max-rotation", "-3"), "--max-rotation")

@@ -316,7 +316,9 @@ class TestPlainKernelAttentionReference:
             d = torch.linalg.vector_norm(m - keys, dim=1)
             w = torch.softmax(-(d - rho[i]).clamp(min=0) / sigma[i] + logc, 0)
             np.testing.assert_allclose(M[i].reshape(-1).numpy(), m.numpy(), atol=1e-5)
-            np.testing.assert_allclose(W[i].numpy(), w.numpy(), atol=1e-5)
+            # the weights carry the float32 error of the mean's distances divided by sigma
+            # (0.3 to 0.8): 2.4e-5 on a 16-core machine
+            np.testing.assert_allclose(W[i].numpy(), w.numpy(), atol=1e-4)
 
     def test_fixed_mean_shift_ascends_the_density(self):
         # mean shift with fixed keys is a monotone ascent of the kernel density

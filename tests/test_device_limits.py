@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import invariant_cluster._memory as _memory
 from invariant_cluster import InvariantAttentionClusterer, InvariantKNeighborsTransformer
+from invariant_cluster._utils import resolve_device
 from invariant_cluster.transforms import fast_warp, warp_se2
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -110,7 +111,13 @@ def test_kneighbors_transformer_under_a_small_limit(monkeypatch):
     monkeypatch.setattr(_memory, "GRID_SAMPLE_MAX_BATCH", 511)
     G = InvariantKNeighborsTransformer(n_neighbors=4).fit_transform(X)
     assert max(batches) < 512
-    assert (G != expected).nnz == 0
+    if resolve_device("auto").type == "cpu":
+        assert (G != expected).nnz == 0
+    else:
+        # a card's matrix products pick their kernels by the blocks' shapes: the same
+        # distances to float32 rounding (near ties may swap neighbours)
+        rows = lambda A: np.sort(A.data.reshape(A.shape[0], -1), axis=1)  # noqa: E731
+        np.testing.assert_allclose(rows(G), rows(expected), rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------- the whole fit's memory estimate

@@ -15,6 +15,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
 
 from invariant_cluster import InvariantAttentionClusterer, warp_se2
+from invariant_cluster._utils import resolve_device
 from invariant_cluster.datasets import make_transformed_copies
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -134,7 +135,13 @@ def test_grouping_is_deterministic_for_a_random_state(n_clusters):
     a = _fit(X, n_clusters=n_clusters, random_state=3)
     b = _fit(X, n_clusters=n_clusters, random_state=3)
     np.testing.assert_array_equal(a.labels_, b.labels_)
-    np.testing.assert_array_equal(a.cluster_centers_, b.cluster_centers_)
+    if resolve_device("auto").type == "cpu":
+        np.testing.assert_array_equal(a.cluster_centers_, b.cluster_centers_)
+    else:
+        # on a card, atomic additions (the centres' index_add_, the noise estimate's weighted
+        # bincount) sum in no fixed order: the same labels, centres equal to float32 rounding
+        np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-5,
+                                   atol=1e-6)
 
 
 def test_predict_follows_the_fitted_graph():

@@ -181,7 +181,8 @@ def test_union_searches_the_means_with_the_plain_shortlist(smooth_images, monkey
     monkeypatch.setattr(cluster_module, "knn_search", spy)
     X = _copies(smooth_images, n_protos, n_copies, size, seed=size).numpy()
     est = InvariantAttentionClusterer(n_clusters=n_protos, max_rotation=30.0, n_rotations=9,
-                                      max_translation=1, graph="both", random_state=0).fit(X)
+                                      max_translation=1, graph="both", random_state=0,
+                                      device="cpu").fit(X)  # the CPU's thresholds, patched
     k = est.n_neighbors
     n = X.shape[0]
     assert [p.n_candidates for p in seen] == [max(6 * k, 96), max(4 * k, 64)]
