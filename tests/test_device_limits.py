@@ -115,9 +115,10 @@ def test_kneighbors_transformer_under_a_small_limit(monkeypatch):
         assert (G != expected).nnz == 0
     else:
         # a card's matrix products pick their kernels by the blocks' shapes: the same
-        # distances to float32 rounding (near ties may swap neighbours)
+        # distances to the rounding of ||x||^2 + ||y||^2 - 2 <x, y> in float32 (an H200:
+        # 1.3e-4 relative at a distance of 0.14; near ties may swap neighbours)
         rows = lambda A: np.sort(A.data.reshape(A.shape[0], -1), axis=1)  # noqa: E731
-        np.testing.assert_allclose(rows(G), rows(expected), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(rows(G), rows(expected), rtol=1e-3, atol=1e-5)
 
 
 # --------------------------------------------------------------- the whole fit's memory estimate
