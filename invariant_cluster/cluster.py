@@ -458,10 +458,15 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
             # representative of each group of (near) duplicates
             D, idx, P = self._search(Xu, grid, k)
             dup = near_duplicates(D, idx)
-            Xt, rep_u = Xu, np.arange(len(first))
+            Xt, rep_u, own, Xown = Xu, np.arange(len(first)), np.zeros(0, np.int64), None
             if dup is not None:
                 rep_u = np.unique(dup)
-                Xt = Xu[torch.as_tensor(rep_u, device=dev)]
+                # the near duplicates' own images are set aside, and the representatives
+                # gathered in place: a few near duplicates cost no copy of the images
+                own = np.flatnonzero(dup != np.arange(len(dup)))
+                Xown = Xu[torch.as_tensor(own, device=dev)]
+                Xt = _gather_rows_in_place(Xu, rep_u)
+                del Xu
                 k = int(min(self.n_neighbors, len(rep_u) - 1))
                 D, idx, P = self._search_representatives(Xt, rep_u, (D, idx, P), grid, k)
                 self._log(f"{len(first) - len(rep_u)} near duplicates set aside")
@@ -495,8 +500,10 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
             # 5. centres: each cluster's invariant mean, started at its densest converged mean
             centers, params = cluster_means(Xt, M, labels, self._grid(self.refine),
                                             self.batch_size, Dg)
-            # every sample takes its representative's results (a near duplicate its own pose)
-            M, params = self._expand(Xu, M, params, centers, labels, core, dup)
+            # every sample takes its representative's results, a near duplicate its own pose
+            # (its rows: Mown, Pown)
+            Mown, Pown = self._near_duplicates_pose(Xt, Xown, M, centers, labels, core, own,
+                                                    dup)
         if self.max_iter > 0 and not converged:
             warnings.warn(
                 f"InvariantAttentionClusterer did not converge in max_iter={self.max_iter} "
@@ -515,10 +522,12 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
             self.n_clusters_, -1).cpu().numpy().astype(np_dtype)
         # (fancy indexing copies: the means are copied once, and their tensor freed, before the
         # next copy of the images is made)
-        self.invariant_means_ = M.reshape(len(first), -1).cpu().numpy()[inverse].astype(
-            np_dtype, copy=False)
+        own_sample = _rows_of(own, len(first), inverse)
+        self.invariant_means_ = _per_sample(M.reshape(m, -1).cpu().numpy(), sample, own_sample,
+                                            Mown).astype(np_dtype, copy=False)
         del M
-        self.alignments_ = params.cpu().numpy().astype(np.float64)[inverse]
+        self.alignments_ = _per_sample(params.cpu().numpy(), sample, own_sample,
+                                       Pown).astype(np.float64)
         if offsets is not None:  # back to the input's frame: T_tau T_(0, -d) and T_(0, d) mu
             shifts = shift_params(offsets)
             self.alignments_ = compose_se2(self.alignments_, shift_params(-offsets))[
@@ -530,7 +539,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         self.bandwidth_ = sigma.cpu().numpy().astype(np.float64)[sample]
         self.rho_ = rho.cpu().numpy().astype(np.float64)[sample]
         # predict votes among the nearest fitted samples, as KNeighborsClassifier does
-        self._fit_X = Xu.reshape(len(first), -1).cpu().numpy()[inverse] if filtered else X2
+        self._fit_X = (_per_sample(Xt.reshape(m, -1).cpu().numpy(), sample, own_sample, Xown)
+                       if filtered else X2)
         # the samples each attended to, as indices of the input (a representative's original)
         original = first[rep_u]
         self.neighbors_ = np.concatenate(
@@ -580,36 +590,28 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                 client=self.client)
         return D, idx, P
 
-    def _expand(self, Xu, M, params, centers, labels, core, rep):
-        """The means and alignments of every distinct image ``Xu`` from those of the
-        representatives (row ``core[i]`` for image ``i``; ``rep[i]`` its representative, None
-        without near duplicates): a near duplicate takes its representative's mean warped into
-        its own pose, and its own alignment onto its cluster's centre."""
-        if rep is None:
-            return M, params
-        own = np.flatnonzero(rep != np.arange(len(rep)))
-        Mu, Pu = M[torch.as_tensor(core, device=M.device)], params[torch.as_tensor(
-            core, device=M.device)]
+    def _near_duplicates_pose(self, Xt, Xown, M, centers, labels, core, own, rep):
+        """The means and alignments of the near duplicates ``own`` (their own images ``Xown``;
+        ``rep[own]`` their representatives, rows ``core[own]`` of the representatives ``Xt``
+        and their means ``M``): a near duplicate takes its representative's mean warped into
+        its own pose, and its own alignment onto its cluster's centre. ``(None, None)``
+        without any."""
         if own.size == 0:
-            return Mu, Pu
+            return None, None
         grid = self._grid(refine=False)
-        dev = Xu.device
-        rows = torch.as_tensor(own, device=dev)
-        reps = torch.as_tensor(rep[own], device=dev)
+        dev = Xt.device
+        reps = torch.as_tensor(core[own], device=dev)
+        one_each = torch.arange(len(own), device=dev)
         # the representative warped onto the near duplicate (its pose), then the near duplicate
         # onto its centre
-        _, _, to_own = candidate_search(Xu[rows], Xu, reps[:, None], grid, k=1,
+        _, _, to_own = candidate_search(Xown, Xt, reps[:, None], grid, k=1,
                                         batch_size=self.batch_size)
-        Mu[rows] = fast_warp(Mu[rows], to_own[:, 0].to(Mu.dtype))
-        lab = torch.as_tensor(labels[core[own]], device=dev)
-        C = centers[lab]
-        _, _, onto = candidate_search(C, Xu[rows], torch.arange(len(own), device=dev)[:, None],
-                                      grid, k=1, batch_size=self.batch_size)
-        refine = self._grid(self.refine)
-        _, p = refine_pairs(C, Xu[rows], torch.arange(len(own), device=dev),
-                            torch.arange(len(own), device=dev), onto[:, 0], refine)
-        Pu[rows] = p.to(Pu.dtype)
-        return Mu, Pu
+        Mown = fast_warp(M[reps], to_own[:, 0].to(M.dtype))
+        C = centers[torch.as_tensor(labels[core[own]], device=dev)]
+        _, _, onto = candidate_search(C, Xown, one_each[:, None], grid, k=1,
+                                      batch_size=self.batch_size)
+        _, p = refine_pairs(C, Xown, one_each, one_each, onto[:, 0], self._grid(self.refine))
+        return Mown.reshape(len(own), -1).cpu().numpy(), p.cpu().numpy()
 
     def _noise_is_material(self, Xt):
         """Whether the measured noise is a material part of the images: ``noise_std_`` at
@@ -742,6 +744,39 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
         return tags
+
+
+_GATHER_ROWS = 4096
+
+
+def _gather_rows_in_place(X, rows):
+    """``X[rows]`` written into the first ``len(rows)`` rows of ``X`` and returned as a view:
+    ``rows`` is increasing, so ``rows[j] >= j`` and no row is overwritten before it is read.
+    One block of rows is held at a time instead of a copy of all."""
+    if len(rows) == X.shape[0]:
+        return X
+    for start in range(0, len(rows), _GATHER_ROWS):
+        block = torch.as_tensor(rows[start:start + _GATHER_ROWS], device=X.device)
+        X[start:start + len(block)] = X[block]
+    return X[:len(rows)]
+
+
+def _rows_of(own, n_distinct, inverse):
+    """For each sample, its row in ``own`` (the near duplicates among the ``n_distinct``
+    distinct images, ``inverse`` each sample's distinct image), -1 for the others."""
+    at = np.full(n_distinct, -1, dtype=np.int64)
+    at[own] = np.arange(len(own))
+    return at[inverse]
+
+
+def _per_sample(values, sample, own_sample, own_values):
+    """Each sample's row of ``values`` (one per representative; row ``sample[i]``), a near
+    duplicate's own row of ``own_values`` (row ``own_sample[i] >= 0``) instead."""
+    out = values[sample]
+    hit = own_sample >= 0
+    if hit.any():
+        out[hit] = np.asarray(own_values).reshape(-1, *out.shape[1:])[own_sample[hit]]
+    return out
 
 
 def _search_means(M, grid, k, plan, *, batch_size=None, client=None):

@@ -438,6 +438,41 @@ def test_partial_duplicates_keep_the_partition(how, share):
     np.testing.assert_array_equal(est.labels_[len(X):], est.labels_[extra])
 
 
+@pytest.mark.parametrize("n, kept, block", [(50, 50, 7), (50, 1, 7), (300, 240, 16),
+                                             (300, 299, 4096), (1000, 500, 3)])
+def test_representatives_gathered_in_place(monkeypatch, n, kept, block):
+    # the representatives (increasing rows) move to the front of the images block by block:
+    # the same rows as X[rows], a view of X, with no block reading a row already overwritten
+    import invariant_cluster.cluster as cluster_module
+
+    monkeypatch.setattr(cluster_module, "_GATHER_ROWS", block)
+    rng = np.random.default_rng(n + kept)
+    X = torch.as_tensor(rng.standard_normal((n, 3, 4)).astype(np.float32))
+    rows = np.sort(rng.choice(n, kept, replace=False))
+    expected = X[torch.as_tensor(rows)].clone()
+    got = cluster_module._gather_rows_in_place(X, rows)
+    assert torch.equal(got, expected)
+    assert got.data_ptr() == X.data_ptr()
+
+
+def test_near_duplicates_own_rows_per_sample():
+    # each sample takes its representative's row, a near duplicate its own row, also when
+    # stored more than once (inverse repeats it)
+    from invariant_cluster.cluster import _per_sample, _rows_of
+
+    values = np.arange(12.0).reshape(4, 3)         # 4 representatives
+    own = np.array([1, 4])                          # distinct images 1 and 4 are near dups
+    core = np.array([0, 0, 1, 2, 3, 3])             # distinct image -> representative row
+    inverse = np.array([5, 1, 0, 1, 4, 2, 3])       # sample -> distinct image
+    own_values = -np.arange(6.0).reshape(2, 3)
+    out = _per_sample(values, core[inverse], _rows_of(own, 6, inverse), own_values)
+    expected = values[core[inverse]]
+    expected[[1, 3]] = own_values[0]
+    expected[4] = own_values[1]
+    np.testing.assert_array_equal(out, expected)
+    assert not np.shares_memory(out, values)
+
+
 @pytest.mark.parametrize("n_clusters", [None, 10])
 def test_sample_order_does_not_matter(n_clusters):
     # natural classes, where Leiden's path through the nodes decides: a permutation of the
