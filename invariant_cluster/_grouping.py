@@ -494,7 +494,7 @@ def resolve_graph(graph, index, index_means):
 
 
 def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, random_state,
-          modes=None, means_edges=None):
+          modes=None, means_edges=None, connect=None):
     """Labels from the samples' and the means' kNN graphs (``(n, k)`` arrays, self left out).
 
     ``graph``: "samples", "means", "both" (the union of their fuzzy graphs) or "auto" ("both"
@@ -503,7 +503,10 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
     ``n_clusters``; None: resolution 1, modularity) or "umap" (umap-learn's layout of the graph,
     then k-means, or HDBSCAN for ``n_clusters=None``). ``modes``: the converged means' modes
     (:func:`graph_modes`) and ``means_edges`` every edge searched between them, used by
-    ``n_clusters=None`` with "leiden" (:func:`count_groups`).
+    ``n_clusters=None`` with "leiden" (:func:`count_groups`). ``connect``: where the graph has
+    more connected components than ``n_clusters`` and no resolution gives that count, a
+    function of the components' labels that returns one node per component and the kNN
+    graph among those nodes (:func:`group_components`).
     With ``n_clusters`` and "leiden", a separated partition of the samples' graph with that
     many groups is taken when there is one (copy sets: Leiden's resolution search cuts chains
     of copies at arbitrary places). Returns ``(labels, graph_used, rule, separation)``: ``rule``
@@ -535,10 +538,39 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
         emb = embed_fuzzy_graph(G, random_state)
         return _cluster_embedding(emb, n_clusters, random_state), graph, rule, None
     labels = leiden(G, n_clusters, random_state)
+    if n_clusters is not None and int(labels.max()) + 1 != n_clusters and connect is not None:
+        # more connected components than n_clusters (copy sets that only see each other):
+        # the components are grouped, by the kNN graph of one node's converged mean each
+        n_parts, parts = connected_components(G, directed=False)
+        if n_parts > n_clusters:
+            return group_components(parts, *connect(parts), n_clusters, random_state), \
+                graph, rule, None
     if n_clusters is not None and int(labels.max()) + 1 != n_clusters:
-        # no resolution gives n_clusters parts (e.g. more connected components than that)
+        # no resolution gives n_clusters parts
         labels = spectral_labels(G, n_clusters, random_state)
     return labels, graph, rule, None
+
+
+def component_nodes(parts: np.ndarray) -> np.ndarray:
+    """One node per connected component (labels ``parts``): its first node."""
+    first = np.full(int(parts.max()) + 1, parts.size, dtype=np.int64)
+    np.minimum.at(first, parts, np.arange(parts.size))
+    return first
+
+
+def group_components(parts, nodes, index_c, dist_c, n_clusters, random_state):
+    """``n_clusters`` groups of the connected components (labels ``parts``) of a graph, each
+    component one node: Leiden on the fuzzy graph of the components' kNN graph (``index_c``,
+    ``dist_c``: each component's nearest other components, by the node ``nodes`` standing for
+    it; umap-learn's calibration, as the means' graph), spectral clustering where no
+    resolution gives that count. Returns the labels of the graph's nodes."""
+    if len(nodes) <= n_clusters:
+        return np.asarray(parts, dtype=np.int64)
+    C = fuzzy_graph(index_c, dist_c, random_state, calibration="umap")
+    labels = leiden(C, n_clusters, random_state)
+    if int(labels.max()) + 1 != n_clusters:
+        labels = spectral_labels(C, n_clusters, random_state)
+    return np.asarray(labels, dtype=np.int64)[parts]
 
 
 # Nodes up to which the spectral embedding uses ARPACK (scikit-learn's default); beyond, LOBPCG.

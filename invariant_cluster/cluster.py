@@ -32,6 +32,7 @@ from ._graph import graph_modes
 from ._grouping import (
     DECIDE_ROWS,
     NOISY_FRACTION,
+    component_nodes,
     group,
     resolve_graph,
     two_hop_candidates,
@@ -666,9 +667,20 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                 idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
             if graph == "means":
                 Dg = Dm
+        def connect(parts):
+            """One node per component of the graph (``parts``) and the kNN graph of their
+            converged means among themselves."""
+            nodes = component_nodes(parts)
+            kc = int(min(k, len(nodes) - 1))
+            Mc = M[torch.as_tensor(nodes, device=M.device)]
+            Dc, idx_c = _search_means(
+                Mc, grid, kc, self._plan(len(nodes), grid, kc, M.device, purpose="means"),
+                batch_size=self.batch_size, client=self.client)
+            return nodes, idx_c.cpu().numpy(), _finite_dist(Dc)
+
         labels, self.graph_, self.count_rule_, separation = group(
             idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m, self.n_clusters, graph,
-            self.grouping, seed, modes, means_edges)
+            self.grouping, seed, modes, means_edges, connect=connect if k > 0 else None)
         self.separation_ = None if separation is None else float(separation)
         return _relabel_by_size(labels), Dg
 

@@ -128,6 +128,57 @@ def test_invariant_means_beat_the_one_step_average(n_groups, n_copies, noise):
     assert np.median(err_means) < 0.95 * np.median(err_avg)
 
 
+# ------------------------------------------------------------------ copy sets beyond n_neighbors
+def _copy_sets(classes, per, copies, seed):
+    """``copies`` copies within +-15 degrees of each of ``per`` 8 x 8 digits of each class;
+    the class and the copy set of each image."""
+    from invariant_cluster.datasets import load_digits_images
+
+    bunch = load_digits_images()
+    rng = np.random.default_rng(seed)
+    X, y = [], []
+    for c in classes:
+        for j, i in enumerate(rng.choice(np.flatnonzero(bunch.target == c), per,
+                                         replace=False)):
+            X.append(make_transformed_copies(bunch.images[i], copies, max_rotation=15,
+                                             random_state=seed * 100 + 10 * c + j)[0])
+            y += [c] * copies
+    return (np.concatenate(X).astype(np.float32), np.array(y),
+            np.repeat(np.arange(len(classes) * per), copies))
+
+
+@pytest.mark.parametrize("classes, per, copies, n_neighbors", [
+    ((0, 1, 4), 8, 12, 8), ((0, 1, 4, 7), 6, 15, 10), ((2, 3, 6), 10, 9, 6)])
+def test_copy_sets_larger_than_the_neighbourhood_are_grouped(classes, per, copies,
+                                                             n_neighbors):
+    # each image's nearest neighbours are its own copies: the graph falls apart into the copy
+    # sets, more than n_clusters, and no Leiden resolution gives the count. The sets are
+    # grouped by their converged means' kNN graph (spectral clustering of the samples' graph
+    # gave ARI 0.006-0.11 here, one cluster of 88-96% of the images)
+    X, y, sets = _copy_sets(classes, per, copies, seed=1)
+    est = _fit(X, n_clusters=len(classes), n_neighbors=n_neighbors, max_rotation=15,
+               n_rotations=7, random_state=0)
+    assert est.n_clusters_ == len(classes)
+    assert all(len(np.unique(est.labels_[sets == s])) == 1 for s in np.unique(sets))
+    assert adjusted_rand_score(y, est.labels_) > 0.5
+
+
+def test_group_components_groups_the_components_graph():
+    from invariant_cluster._grouping import component_nodes, group_components
+
+    # 8 components of 3 nodes; the components' kNN graph is two chains far apart
+    parts = np.repeat(np.arange(8), 3)[np.random.default_rng(0).permutation(24)]
+    nodes = component_nodes(parts)
+    assert np.array_equal(parts[nodes], np.arange(8))
+    assert all(nodes[c] == np.flatnonzero(parts == c)[0] for c in range(8))
+    index_c = np.array([[1, 2], [0, 2], [1, 3], [2, 1], [5, 6], [4, 6], [5, 7], [6, 5]])
+    far = np.where((index_c < 4) == (np.arange(8) < 4)[:, None], 1.0, 50.0)
+    labels = group_components(parts, nodes, index_c, far, 2, random_state=0)
+    assert adjusted_rand_score(parts >= 4, labels) == 1.0
+    # as many components as clusters: each its own
+    assert np.array_equal(group_components(parts, nodes, index_c, far, 8, 0), parts)
+
+
 # ------------------------------------------------------------------ determinism
 @pytest.mark.parametrize("n_clusters", [None, 3])
 def test_grouping_is_deterministic_for_a_random_state(n_clusters):
