@@ -503,10 +503,10 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
     ``n_clusters``; None: resolution 1, modularity) or "umap" (umap-learn's layout of the graph,
     then k-means, or HDBSCAN for ``n_clusters=None``). ``modes``: the converged means' modes
     (:func:`graph_modes`) and ``means_edges`` every edge searched between them, used by
-    ``n_clusters=None`` with "leiden" (:func:`count_groups`). ``connect``: where the graph has
-    more connected components than ``n_clusters`` and no resolution gives that count, a
-    function of the components' labels that returns one node per component and the kNN
-    graph among those nodes (:func:`group_components`).
+    ``n_clusters=None`` with "leiden" (:func:`count_groups`). ``connect``: where no resolution
+    gives ``n_clusters`` parts, a function of ``n_clusters`` that returns the modes of the
+    converged means (more than ``n_clusters``), one node per mode and the kNN graph among those
+    nodes (:func:`group_components`), or None.
     With ``n_clusters`` and "leiden", a separated partition of the samples' graph with that
     many groups is taken when there is one (copy sets: Leiden's resolution search cuts chains
     of copies at arbitrary places). Returns ``(labels, graph_used, rule, separation)``: ``rule``
@@ -539,12 +539,11 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
         return _cluster_embedding(emb, n_clusters, random_state), graph, rule, None
     labels = leiden(G, n_clusters, random_state)
     if n_clusters is not None and int(labels.max()) + 1 != n_clusters and connect is not None:
-        # more connected components than n_clusters (copy sets that only see each other):
-        # the components are grouped, by the kNN graph of one node's converged mean each
-        n_parts, parts = connected_components(G, directed=False)
-        if n_parts > n_clusters:
-            return group_components(parts, *connect(parts), n_clusters, random_state), \
-                graph, rule, None
+        # copy sets that only see each other (larger than the neighbourhood): the modes of
+        # the converged means are grouped, by the kNN graph of one mean each
+        contracted = connect(n_clusters)
+        if contracted is not None:
+            return group_components(*contracted, n_clusters, random_state), graph, rule, None
     if n_clusters is not None and int(labels.max()) + 1 != n_clusters:
         # no resolution gives n_clusters parts
         labels = spectral_labels(G, n_clusters, random_state)
@@ -559,10 +558,10 @@ def component_nodes(parts: np.ndarray) -> np.ndarray:
 
 
 def group_components(parts, nodes, index_c, dist_c, n_clusters, random_state):
-    """``n_clusters`` groups of the connected components (labels ``parts``) of a graph, each
-    component one node: Leiden on the fuzzy graph of the components' kNN graph (``index_c``,
-    ``dist_c``: each component's nearest other components, by the node ``nodes`` standing for
-    it; umap-learn's calibration, as the means' graph), spectral clustering where no
+    """``n_clusters`` groups of the parts (labels ``parts``: modes or connected components)
+    of a graph, each part one node: Leiden on the fuzzy graph of the parts' kNN graph
+    (``index_c``, ``dist_c``: each part's nearest other parts, by the node ``nodes`` standing
+    for it; umap-learn's calibration, as the means' graph), spectral clustering where no
     resolution gives that count. Returns the labels of the graph's nodes."""
     if len(nodes) <= n_clusters:
         return np.asarray(parts, dtype=np.int64)

@@ -667,16 +667,24 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                 idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
             if graph == "means":
                 Dg = Dm
-        def connect(parts):
-            """One node per component of the graph (``parts``) and the kNN graph of their
-            converged means among themselves."""
+        def connect(n_clusters):
+            """The modes of the converged means along the samples' graph (edges no longer
+            than ``tol_modes``), one node per mode and the kNN graph of their means among
+            themselves; None where there are not more modes than ``n_clusters``."""
+            Dm, idx_mt, _ = candidate_search(M, M, idx, grid, k=None,
+                                             batch_size=self.batch_size, client=self.client,
+                                             exclude=own)
+            parts = graph_modes(idx_mt.cpu().numpy(), _finite_dist(Dm),
+                                tol_modes.cpu().numpy())
+            if int(parts.max()) + 1 <= n_clusters:
+                return None
             nodes = component_nodes(parts)
             kc = int(min(k, len(nodes) - 1))
             Mc = M[torch.as_tensor(nodes, device=M.device)]
             Dc, idx_c = _search_means(
                 Mc, grid, kc, self._plan(len(nodes), grid, kc, M.device, purpose="means"),
                 batch_size=self.batch_size, client=self.client)
-            return nodes, idx_c.cpu().numpy(), _finite_dist(Dc)
+            return parts, nodes, idx_c.cpu().numpy(), _finite_dist(Dc)
 
         labels, self.graph_, self.count_rule_, separation = group(
             idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m, self.n_clusters, graph,

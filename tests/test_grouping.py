@@ -153,7 +153,7 @@ def test_copy_sets_larger_than_the_neighbourhood_are_grouped(classes, per, copie
                                                              n_neighbors):
     # each image's nearest neighbours are its own copies: the graph falls apart into the copy
     # sets, more than n_clusters, and no Leiden resolution gives the count. The sets are
-    # grouped by their converged means' kNN graph (spectral clustering of the samples' graph
+    # grouped by the modes of their converged means (spectral clustering of the samples' graph
     # gave ARI 0.006-0.11 here, one cluster of 88-96% of the images)
     X, y, sets = _copy_sets(classes, per, copies, seed=1)
     est = _fit(X, n_clusters=len(classes), n_neighbors=n_neighbors, max_rotation=15,
