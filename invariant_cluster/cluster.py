@@ -38,7 +38,7 @@ from ._grouping import (
     two_hop_candidates,
     vote,
 )
-from ._heap import reusing_heap
+from ._heap import release, reusing_heap
 from ._iteration import (  # noqa: F401 - the iteration's names, importable from here as before
     _relabel_by_size,
     attend_means,
@@ -478,6 +478,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                 core = core[dup]
             sample = core[inverse]  # each sample's row in the fit's arrays
             self._log(f"kNN graph (k={k}): {time.perf_counter() - t0:.1f} s")
+            release()
             # 2. bandwidth
             rho, sigma = calibrate_bandwidth(D.clamp(min=0).sqrt(), self.bandwidth)
             # 3. iterate
@@ -490,6 +491,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                 max_iter=self.max_iter, tol=self.tol, batch_size=self.batch_size,
                 counts=counts)
             self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
+            # each stage allocates blocks of its own sizes: what the last one left free in the
+            # heap goes back to the kernel (see _heap.release)
+            release()
             # 4. group: Leiden on the samples' graph or its union with the means' graph
             stage = progress_bar(1, "grouping", "stage")
             labels, Dg = self._group(
@@ -498,6 +502,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
             stage.update()
             stage.close()
             self._log(f"{int(labels.max()) + 1} clusters ({time.perf_counter() - t0:.1f} s)")
+            release()
             # 5. centres: each cluster's invariant mean, started at its densest converged mean
             centers, params = cluster_means(Xt, M, labels, self._grid(self.refine),
                                             self.batch_size, Dg)
@@ -505,6 +510,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
             # (its rows: Mown, Pown)
             Mown, Pown = self._near_duplicates_pose(Xt, Xown, M, centers, labels, core, own,
                                                     dup)
+            release()
         if self.max_iter > 0 and not converged:
             warnings.warn(
                 f"InvariantAttentionClusterer did not converge in max_iter={self.max_iter} "
