@@ -510,6 +510,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
             # (its rows: Mown, Pown)
             Mown, Pown = self._near_duplicates_pose(Xt, Xown, M, centers, labels, core, own,
                                                     dup)
+            # the fit's copy of the images is freed before the results are copied out
+            # (predict filters the input again: _fit_keys)
+            Xu = Xt = Xown = None
             release()
         if self.max_iter > 0 and not converged:
             warnings.warn(
@@ -546,8 +549,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         self.bandwidth_ = sigma.cpu().numpy().astype(np.float64)[sample]
         self.rho_ = rho.cpu().numpy().astype(np.float64)[sample]
         # predict votes among the nearest fitted samples, as KNeighborsClassifier does
-        self._fit_X = (_per_sample(Xt.reshape(m, -1).cpu().numpy(), sample, own_sample, Xown)
-                       if filtered else X2)
+        # (the input as validated and centred, filtered again by predict)
+        self._fit_X = X2
         # the samples each attended to, as indices of the input (a representative's original)
         original = first[rep_u]
         self.neighbors_ = np.concatenate(
@@ -762,8 +765,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
             Xq = self._filtered(self._tensor(X2.astype(fit_X.dtype, copy=False), dev))
             grid = self._grid(refine=False)
             plan = self._plan(len(fit_X), grid, k, dev, n_queries=Xq.shape[0])
-            _, idx, _ = knn_search(Xq, self._tensor(fit_X, dev), grid, k, plan=plan,
-                                   batch_size=self.batch_size, client=self.client)
+            _, idx, _ = knn_search(Xq, self._filtered(self._tensor(fit_X, dev)), grid, k,
+                                   plan=plan, batch_size=self.batch_size, client=self.client)
         return vote(self.labels_, idx.cpu().numpy())
 
     def __sklearn_tags__(self):
