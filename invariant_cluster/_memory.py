@@ -271,8 +271,10 @@ def estimate_fit_bytes(n, n_features, k, n_candidates=0, *, element_size=4, devi
     peak, beyond what the process holds before it (an estimate, within 2x of the measured peak).
 
     The terms, each linear in ``n``: two images per sample (the fit's tensor of the distinct
-    images and the means, or ``invariant_means_`` once the means' tensor is freed), one more
-    for the filtered copy ``predict`` keeps; the kNN graph with its alignments and attention
+    images and the means, or ``invariant_means_`` once both are freed), one more when filtered
+    (the filtered images' copy in their own content's order, and the means' next values while
+    they attend to each other once; ``benchmarks/bench_memory.py`` measures with the filter
+    on); the kNN graph with its alignments and attention
     weights; the candidate search's pairs (the shortlist's ``n_candidates`` per sample); the
     grouping's graphs (:data:`GROUPING_BYTES_PER_EDGE` per edge); with ``grouping_means``
     (``n_clusters=None``), the search of the means' graph among the ``k + k^2`` neighbours of
@@ -290,8 +292,7 @@ def estimate_fit_bytes(n, n_features, k, n_candidates=0, *, element_size=4, devi
     device : str or torch.device, default="cpu"
         The blocks are a quarter of this device's free memory at most.
     filtered : bool, default=False
-        The images are filtered (``noise_std``): the fit keeps the filtered copy for
-        ``predict``, one image more per sample.
+        The images are filtered (``noise_std``): one image more per sample.
     grouping_means : bool, default=False
         The count (``n_clusters=None``) searches the converged means' graph.
 

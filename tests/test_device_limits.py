@@ -135,7 +135,7 @@ def test_fit_estimate_covers_what_the_fit_keeps(n, shape):
     estimate = _memory.estimate_fit_bytes(n, X[0].size, k)
     assert kept < estimate
     assert _memory.estimate_fit_bytes(2 * n, X[0].size, k) > estimate
-    # the count's search of the means' graph and the filtered copy add to it
+    # the count's search of the means' graph and the filter add to it
     assert _memory.estimate_fit_bytes(n, X[0].size, k, grouping_means=True) > estimate
     assert _memory.estimate_fit_bytes(n, X[0].size, k, filtered=True) > estimate
 

@@ -216,6 +216,42 @@ class TestCandidateSearch:
         assert torch.equal(I, I2)
         assert torch.equal(P, P2)
 
+    # elements per block: 5 angles x 9 shifts on 9 x 9 images cost 5,095 per key and 216 per
+    # pair, so these hold 1, 60 and all 200 queries of a key
+    @pytest.mark.parametrize("budget, per_block", [(1, 1), (5095 + 60 * 216, 60),
+                                                   (10**9, 200)])
+    def test_a_key_of_many_queries_is_split(self, monkeypatch, budget, per_block):
+        # a key listed by more queries than one block holds (a centre searched by all the
+        # members of its cluster) runs in blocks of its own; the result is grid_search's
+        import invariant_cluster.search.candidates as candidates_module
+
+        g = torch.Generator().manual_seed(5)
+        X = torch.rand(200, 1, 9, 9, generator=g, dtype=torch.float64)
+        Y = torch.rand(3, 1, 9, 9, generator=g, dtype=torch.float64)
+        grid = make_search_grid("se2", 40.0, 5, 1, refine=False)
+        D, I, P = grid_search(X, Y, grid, k=2)
+        blocks = []
+        real = candidates_module._key_blocks
+
+        def spy(counts, per_key, per_pair, limit):
+            blocks.extend(real(counts, per_key, per_pair, limit))
+            return blocks
+
+        monkeypatch.setattr(candidates_module._memory, "block_elements",
+                            lambda *a, **kw: budget)
+        monkeypatch.setattr(candidates_module, "_key_blocks", spy)
+        cand = torch.stack([torch.randperm(3, generator=g) for _ in range(200)])
+        D2, I2, P2 = candidate_search(X, Y, cand, grid, k=2)
+        assert torch.allclose(D, D2, rtol=1e-12, atol=1e-12)
+        assert torch.equal(I, I2) and torch.equal(P, P2)
+        pairs = [e for b in blocks for e in b]
+        # every key's 200 queries covered once, in slices of at most one block each
+        for key in range(3):
+            mine = sorted((o, m) for j, o, m in pairs if j == key)
+            assert sum(m for _, m in mine) == 200 and mine[0][0] == 0
+            assert all(a + m == b for (a, m), (b, _) in zip(mine, mine[1:]))
+            assert max(m for _, m in mine) == per_block
+
     def test_float32_and_multichannel(self):
         g = torch.Generator().manual_seed(4)
         X = torch.rand(9, 2, 8, 8, generator=g)

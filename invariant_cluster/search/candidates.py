@@ -68,17 +68,26 @@ def _key_block(block, X, xsq, shifts, angles, reflection=False):
 
 
 def _key_blocks(counts: torch.Tensor, per_key: int, per_pair: int, budget: int):
-    """Split the keys (ascending in-degree) into blocks of bounded padded size."""
+    """Split the keys (ascending in-degree) into blocks of bounded padded size: each block a
+    list of ``(key, first pair, pairs)``. A key listed by more queries than one block holds
+    (a cluster's centre searched by all its members) is split into blocks of its own."""
     order = torch.argsort(counts, stable=True)
     order = order[counts[order] > 0].tolist()
     cnt = counts.tolist()
+    cap = max(1, (budget - per_key) // per_pair)
     blocks, cur = [], []
     for j in order:  # m grows along ``order``: the block's padded width is the last count
+        if cnt[j] > cap:
+            if cur:
+                blocks.append(cur)
+                cur = []
+            blocks.extend([(j, o, min(cap, cnt[j] - o))] for o in range(0, cnt[j], cap))
+            continue
         size = (len(cur) + 1) * (per_key + cnt[j] * per_pair)
         if cur and size > budget:
             blocks.append(cur)
             cur = []
-        cur.append(j)
+        cur.append((j, 0, cnt[j]))
     if cur:
         blocks.append(cur)
     return blocks
@@ -195,11 +204,10 @@ def candidate_search(X: torch.Tensor, Y: torch.Tensor, candidates: torch.Tensor,
             order = torch.argsort(flat, stable=True)  # pairs grouped by key, queries ascending
             del flat
             starts = torch.cumsum(counts, 0) - counts
-            for keys in key_blocks:
-                kt = torch.as_tensor(keys, device=device)
-                cnt = counts[kt]
+            for entries in key_blocks:
+                kt, first, cnt = torch.as_tensor(entries, device=device).T
                 slot = torch.arange(int(cnt.max()), device=device)
-                pos = starts[kt, None] + slot[None]  # (kb, m) positions in ``order``
+                pos = starts[kt, None] + first[:, None] + slot[None]  # (kb, m) in ``order``
                 valid = slot[None] < cnt[:, None]
                 pos = torch.where(valid, pos, torch.zeros_like(pos))
                 pair = order[pos]
