@@ -21,6 +21,8 @@ import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
+from ._graph import first_of_each
+
 # Two images are near duplicates when their invariant distance is at most this fraction of the
 # median distance from a sample to its k-th nearest neighbour (k = n_neighbors), a scale that
 # duplicates do not shrink: Gaussian jitter of 1e-4 per pixel puts a copy at about 1e-3 of that
@@ -116,6 +118,4 @@ def near_duplicates(D: torch.Tensor, idx: torch.Tensor):
     _, comp = connected_components(
         coo_matrix((np.ones(rows.size), (rows, index[rows, cols])), shape=(n, n)),
         directed=False)
-    first = np.full(comp.max() + 1, n, dtype=np.int64)
-    np.minimum.at(first, comp, np.arange(n))
-    return first[comp]
+    return first_of_each(comp)[comp]

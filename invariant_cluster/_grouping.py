@@ -538,27 +538,19 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
         emb = embed_fuzzy_graph(G, random_state)
         return _cluster_embedding(emb, n_clusters, random_state), graph, rule, None
     labels = leiden(G, n_clusters, random_state)
-    if n_clusters is not None and int(labels.max()) + 1 != n_clusters and connect is not None:
-        # copy sets that only see each other (larger than the neighbourhood): the modes of
-        # the converged means are grouped, by the kNN graph of one mean each
-        contracted = connect(n_clusters)
+    if n_clusters is not None and int(labels.max()) + 1 != n_clusters:
+        # no resolution gives n_clusters parts. Copy sets that only see each other (larger
+        # than the neighbourhood): the modes of the converged means are grouped, by the kNN
+        # graph of one mean each; else spectral clustering
+        contracted = None if connect is None else connect(n_clusters)
         if contracted is not None:
             return group_components(*contracted, n_clusters, random_state), graph, rule, None
-    if n_clusters is not None and int(labels.max()) + 1 != n_clusters:
-        # no resolution gives n_clusters parts
         labels = spectral_labels(G, n_clusters, random_state)
     return labels, graph, rule, None
 
 
-def component_nodes(parts: np.ndarray) -> np.ndarray:
-    """One node per connected component (labels ``parts``): its first node."""
-    first = np.full(int(parts.max()) + 1, parts.size, dtype=np.int64)
-    np.minimum.at(first, parts, np.arange(parts.size))
-    return first
-
-
 def group_components(parts, nodes, index_c, dist_c, n_clusters, random_state):
-    """``n_clusters`` groups of the parts (labels ``parts``: modes or connected components)
+    """``n_clusters`` groups of the parts (labels ``parts``, e.g. the converged means' modes)
     of a graph, each part one node: Leiden on the fuzzy graph of the parts' kNN graph
     (``index_c``, ``dist_c``: each part's nearest other parts, by the node ``nodes`` standing
     for it; umap-learn's calibration, as the means' graph), spectral clustering where no

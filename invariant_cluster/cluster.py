@@ -28,11 +28,10 @@ from sklearn.utils.validation import check_is_fitted
 from . import _memory
 from ._duplicates import canonical_order, near_duplicates, unique_in_canonical_order
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin, shift_params
-from ._graph import graph_modes
+from ._graph import first_of_each, graph_modes
 from ._grouping import (
     DECIDE_ROWS,
     NOISY_FRACTION,
-    component_nodes,
     group,
     resolve_graph,
     two_hop_candidates,
@@ -508,10 +507,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                                             self.batch_size, Dg)
             # every sample takes its representative's results, a near duplicate its own pose
             # (its rows: Mown, Pown)
-            Mown, Pown = self._near_duplicates_pose(Xt, Xown, M, centers, labels, core, own,
-                                                    dup)
+            Mown, Pown = self._near_duplicates_pose(Xt, Xown, M, centers, labels, core, own)
             # the fit's copy of the images is freed before the results are copied out
-            # (predict filters the input again: _fit_keys)
+            # (predict filters the fitted input, _fit_X, again)
             Xu = Xt = Xown = None
             release()
         if self.max_iter > 0 and not converged:
@@ -600,10 +598,10 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                 client=self.client)
         return D, idx, P
 
-    def _near_duplicates_pose(self, Xt, Xown, M, centers, labels, core, own, rep):
+    def _near_duplicates_pose(self, Xt, Xown, M, centers, labels, core, own):
         """The means and alignments of the near duplicates ``own`` (their own images ``Xown``;
-        ``rep[own]`` their representatives, rows ``core[own]`` of the representatives ``Xt``
-        and their means ``M``): a near duplicate takes its representative's mean warped into
+        their representatives are rows ``core[own]`` of the representatives ``Xt`` and of
+        their means ``M``): a near duplicate takes its representative's mean warped into
         its own pose, and its own alignment onto its cluster's centre. ``(None, None)``
         without any."""
         if own.size == 0:
@@ -687,7 +685,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                                 tol_modes.cpu().numpy())
             if int(parts.max()) + 1 <= n_clusters:
                 return None
-            nodes = component_nodes(parts)
+            nodes = first_of_each(parts)
             kc = int(min(k, len(nodes) - 1))
             Mc = M[torch.as_tensor(nodes, device=M.device)]
             Dc, idx_c = _search_means(

@@ -164,11 +164,12 @@ def test_copy_sets_larger_than_the_neighbourhood_are_grouped(classes, per, copie
 
 
 def test_group_components_groups_the_components_graph():
-    from invariant_cluster._grouping import component_nodes, group_components
+    from invariant_cluster._graph import first_of_each
+    from invariant_cluster._grouping import group_components
 
     # 8 components of 3 nodes; the components' kNN graph is two chains far apart
     parts = np.repeat(np.arange(8), 3)[np.random.default_rng(0).permutation(24)]
-    nodes = component_nodes(parts)
+    nodes = first_of_each(parts)
     assert np.array_equal(parts[nodes], np.arange(8))
     assert all(nodes[c] == np.flatnonzero(parts == c)[0] for c in range(8))
     index_c = np.array([[1, 2], [0, 2], [1, 3], [2, 1], [5, 6], [4, 6], [5, 7], [6, 5]])

@@ -234,8 +234,9 @@ class TestCandidateSearch:
         real = candidates_module._key_blocks
 
         def spy(counts, per_key, per_pair, limit):
-            blocks.extend(real(counts, per_key, per_pair, limit))
-            return blocks
+            out = real(counts, per_key, per_pair, limit)
+            blocks.extend(out)
+            return out
 
         monkeypatch.setattr(candidates_module._memory, "block_elements",
                             lambda *a, **kw: budget)
