@@ -21,8 +21,6 @@ import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from ._graph import first_of_each
-
 # Two images are near duplicates when their invariant distance is at most this fraction of the
 # median distance from a sample to its k-th nearest neighbour (k = n_neighbors), a scale that
 # duplicates do not shrink: Gaussian jitter of 1e-4 per pixel puts a copy at about 1e-3 of that
@@ -119,3 +117,10 @@ def near_duplicates(D: torch.Tensor, idx: torch.Tensor):
         coo_matrix((np.ones(rows.size), (rows, index[rows, cols])), shape=(n, n)),
         directed=False)
     return first_of_each(comp)[comp]
+
+
+def first_of_each(parts: np.ndarray) -> np.ndarray:
+    """The first (lowest) index holding each label of ``parts`` (labels ``0 .. p - 1``)."""
+    first = np.full(int(parts.max()) + 1, parts.size, dtype=np.int64)
+    np.minimum.at(first, parts, np.arange(parts.size))
+    return first

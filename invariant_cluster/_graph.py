@@ -7,7 +7,7 @@ import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-__all__ = ["first_of_each", "graph_modes"]
+__all__ = ["graph_modes"]
 
 
 def graph_modes(index: np.ndarray, dist: np.ndarray, tol: np.ndarray) -> np.ndarray:
@@ -19,9 +19,3 @@ def graph_modes(index: np.ndarray, dist: np.ndarray, tol: np.ndarray) -> np.ndar
     _, labels = connected_components(graph, directed=False)
     return labels
 
-
-def first_of_each(parts: np.ndarray) -> np.ndarray:
-    """The first (lowest) index holding each label of ``parts`` (labels ``0 .. p - 1``)."""
-    first = np.full(int(parts.max()) + 1, parts.size, dtype=np.int64)
-    np.minimum.at(first, parts, np.arange(parts.size))
-    return first

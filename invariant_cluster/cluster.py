@@ -26,9 +26,14 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from . import _memory
-from ._duplicates import canonical_order, near_duplicates, unique_in_canonical_order
+from ._duplicates import (
+    canonical_order,
+    first_of_each,
+    near_duplicates,
+    unique_in_canonical_order,
+)
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin, shift_params
-from ._graph import first_of_each, graph_modes
+from ._graph import graph_modes
 from ._grouping import (
     DECIDE_ROWS,
     NOISY_FRACTION,

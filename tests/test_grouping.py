@@ -164,7 +164,7 @@ def test_copy_sets_larger_than_the_neighbourhood_are_grouped(classes, per, copie
 
 
 def test_group_components_groups_the_components_graph():
-    from invariant_cluster._graph import first_of_each
+    from invariant_cluster._duplicates import first_of_each
     from invariant_cluster._grouping import group_components
 
     # 8 components of 3 nodes; the components' kNN graph is two chains far apart
