@@ -645,7 +645,8 @@ def _modularity(W, labels):
 def test_count_takes_the_best_of_several_leiden_runs():
     # a graph whose Leiden runs disagree (a kNN graph of 400 points of 6 overlapping
     # Gaussians): the count's partition is the run of highest modularity among the
-    # COUNT_RUNS seeds, computed here independently in float64
+    # COUNT_RUNS seeds (modularity computed here independently in float64), iterated from
+    # there until stable, which loses none of its modularity
     from sklearn.neighbors import kneighbors_graph
 
     from invariant_cluster._grouping import COUNT_RUNS, _igraph_graph, _igraph_leiden, leiden
@@ -655,12 +656,38 @@ def test_count_takes_the_best_of_several_leiden_runs():
     A = kneighbors_graph(X, 10, mode="connectivity")
     G = A.maximum(A.T).tocsr()
     net = _igraph_graph(G)
-    runs = [np.asarray(_igraph_leiden(net, 1.0, 5 + r, n_iterations=-1))
-            for r in range(COUNT_RUNS)]
+    runs = [np.asarray(_igraph_leiden(net, 1.0, 5 + r)) for r in range(COUNT_RUNS)]
     q_runs = [_modularity(G, m) for m in runs]
     assert max(q_runs) - min(q_runs) > 1e-4  # the runs do differ
+    best = runs[int(np.argmax(q_runs))]
+    stable = np.asarray(_igraph_leiden(net, 1.0, 5, n_iterations=-1, initial=best.tolist()))
     labels = leiden(G, None, random_state=5)
-    assert _modularity(G, labels) == pytest.approx(max(q_runs), abs=1e-12)
+    assert _modularity(G, labels) == pytest.approx(_modularity(G, stable), abs=1e-12)
+    assert _modularity(G, labels) >= max(q_runs) - 1e-12
+
+
+def test_leiden_count_skips_the_means_communities_only_where_they_cannot_merge():
+    # _could_merge False: merge_by_modes leaves the labels as they are for every partition
+    # at least as fine as the modes (the meet with any communities of the means)
+    from invariant_cluster._grouping import _could_merge, merge_by_modes
+
+    rng = np.random.default_rng(0)
+    skipped = 0
+    for _ in range(300):
+        n = int(rng.integers(4, 30))
+        labels = rng.integers(0, int(rng.integers(1, 6)), n)
+        modes = rng.integers(0, int(rng.integers(1, 6)), n)
+        if _could_merge(labels, modes):
+            continue
+        skipped += 1
+        for _ in range(5):
+            coarse = rng.integers(0, int(rng.integers(1, 4)), n)
+            finer = np.unique(np.c_[modes, coarse], axis=0, return_inverse=True)[1].ravel()
+            np.testing.assert_array_equal(merge_by_modes(labels, finer), labels)
+    assert skipped > 50
+    # a strict coarsening could merge; so could a single mode, whose meet may have several
+    assert _could_merge(np.array([0, 0, 1, 1, 2, 2]), np.array([0, 0, 0, 0, 1, 1]))
+    assert _could_merge(np.array([0, 1, 2]), np.zeros(3, int))
 
 
 def test_symmetric_distances_is_the_smaller_direction():
