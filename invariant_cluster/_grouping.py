@@ -299,9 +299,8 @@ COUNT_RUNS = 5
 def _best_modularity(net, random_state) -> np.ndarray:
     """Labels of the highest-modularity partition among ``COUNT_RUNS`` runs of igraph's
     Leiden (resolution 1, ``_IGRAPH_ITERATIONS`` iterations each) on the weighted igraph graph
-    ``net``, then iterated from there until stable. Most of what iterating to the end gains
-    comes in the first iterations: on 70,000 Fashion-MNIST images, 0.65 s and modularity
-    0.877-0.879 a run at 2 iterations against 3.0-4.8 s and 0.880-0.881 until stable."""
+    ``net``, then iterated from there until stable: the first iterations gain most of the
+    modularity at a fraction of the time (the user guide's convergence page)."""
     best, best_q = None, -math.inf
     for r in range(COUNT_RUNS):
         membership = _igraph_leiden(net, 1.0, int(random_state) + r)
