@@ -151,7 +151,11 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         The other samples each sample attends to (and the kNN graph's degree); on data sets
         smaller than ``n_neighbors + 1`` all other samples are used. The calibrated bandwidth
         adapts to each sample's local scale, so a cluster may be smaller than the
-        neighbourhood (the tests use groups of 3 and of 60 copies at the default).
+        neighbourhood (the tests use groups of 3 and of 60 copies at the default). Where
+        every image is stored in more transformed copies than ``n_neighbors`` (augmented
+        data) and ``n_clusters`` is given, a copy set can be cut off from the rest of the
+        graph: search more neighbours than the copies of an image (the user guide's
+        convergence page, "Copy sets larger than the neighbourhood").
     update : {"fixed", "blurring"}, default="fixed"
         "fixed": the keys stay at the samples (mean shift on each sample's aligned
         neighbourhood): a monotone ascent of a kernel density that converges by construction
