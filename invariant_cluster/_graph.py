@@ -18,4 +18,3 @@ def graph_modes(index: np.ndarray, dist: np.ndarray, tol: np.ndarray) -> np.ndar
     graph = coo_matrix((np.ones(len(rows)), (rows, index[rows, cols])), shape=(n, n))
     _, labels = connected_components(graph, directed=False)
     return labels
-

@@ -625,16 +625,20 @@ def merge_by_modes(labels: np.ndarray, modes) -> np.ndarray:
     modes and of their graph's communities), and only when every community lies inside one
     mode and there are at least two modes.
     """
-    if modes is None:
+    if modes is None or not _strict_coarsening(labels, modes):
         return labels
+    return np.unique(np.asarray(modes), return_inverse=True)[1].astype(np.int64)
+
+
+def _strict_coarsening(labels: np.ndarray, modes) -> bool:
+    """Whether ``modes`` is a strict coarsening of ``labels`` into at least two parts: fewer
+    modes than communities, and no community straddling two modes."""
     modes = np.asarray(modes)
     n_modes = int(np.unique(modes).size)
     if n_modes < 2 or n_modes >= int(labels.max()) + 1:
-        return labels
+        return False
     pairs = np.unique(np.c_[labels, modes], axis=0)
-    if np.unique(pairs[:, 0]).size != pairs.shape[0]:  # a community straddles two modes
-        return labels
-    return np.unique(modes, return_inverse=True)[1].astype(np.int64)
+    return np.unique(pairs[:, 0]).size == pairs.shape[0]
 
 
 # The count of separated groups (n_clusters=None): groups of at least SEPARATED_MIN_SIZE
@@ -963,9 +967,8 @@ def _leiden_count(index, dist, index_means, dist_means, graph, modes, random_sta
         if graph == "means":
             coarse = labels
         else:
-            if Gm is None:
-                Gm = _means_graph(index_means, dist_means, random_state)
-            coarse = leiden(Gm, None, random_state)
+            coarse = leiden(_means_graph(index_means, dist_means, random_state)
+                            if Gm is None else Gm, None, random_state)
         # the means' modes AND their graph's communities must both join two communities
         both = np.unique(np.c_[np.asarray(modes), coarse], axis=0, return_inverse=True)[1]
         labels = merge_by_modes(labels, both.ravel())
@@ -974,16 +977,9 @@ def _leiden_count(index, dist, index_means, dist_means, graph, modes, random_sta
 
 def _could_merge(labels: np.ndarray, modes) -> bool:
     """Whether :func:`merge_by_modes` could merge ``labels`` along a partition at least as fine
-    as ``modes``: a single mode (the finer partition may have several), or fewer modes than
-    communities with none straddling two."""
-    modes = np.asarray(modes)
-    n_modes = int(np.unique(modes).size)
-    if n_modes < 2:
-        return True
-    if n_modes >= int(labels.max()) + 1:
-        return False
-    pairs = np.unique(np.c_[labels, modes], axis=0)
-    return np.unique(pairs[:, 0]).size == pairs.shape[0]
+    as ``modes``: a single mode (the finer partition may have several), or a strict
+    coarsening."""
+    return int(np.unique(np.asarray(modes)).size) < 2 or _strict_coarsening(labels, modes)
 
 
 def _absorb_tiny_communities(labels: np.ndarray, graph) -> np.ndarray:

@@ -683,6 +683,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                 idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
             if graph == "means":
                 Dg = Dm
+
         def connect(n_clusters):
             """The modes of the converged means along the samples' graph (edges no longer
             than ``tol_modes``), one node per mode and the kNN graph of their means among
