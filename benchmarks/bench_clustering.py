@@ -11,8 +11,10 @@ Methods, in the same run on the same data:
 
 - ``k-means (pixels)``;
 - ``kNN + UMAP + k-means``: this library's exact (or shortlisted) invariant kNN, k = 15, grid
-  only, fed to umap-learn (``n_components=10, min_dist=0, precomputed_knn``) and k-means; the
-  pipeline a user can assemble from our kNN. Its seconds include the kNN search;
+  only (on the images centred on their centres of mass where the estimator's default
+  ``center="auto"`` centres them: ``centred``), fed to umap-learn (``n_components=10,
+  min_dist=0, precomputed_knn``) and k-means; the pipeline a user can assemble from our kNN.
+  Its seconds include the kNN search;
 - ``kNN + spectral``: scikit-learn's SpectralClustering on the same kNN graph (symmetrised
   connectivity);
 - ``kNN + Leiden``: Leiden (leidenalg) on umap-learn's fuzzy graph of the same kNN graph, the
@@ -86,12 +88,28 @@ def make_variant(variant, n, seed, data=None):
     return X.astype(np.float32), y
 
 
+def centred_as_the_estimator(X, search):
+    """``(X, centred)``: the images centred on their centres of mass where the estimator's
+    default ``center="auto"`` centres them (shifts searched, the mean image dark along the
+    frame), so that the pipelines search the images the estimator searches."""
+    from invariant_cluster._estimator import EMPTY_BORDER
+    from invariant_cluster.search.descriptors import border_density, centred_images
+
+    t = search.get("max_translation", 0)
+    shape = (1, *X.shape[1:])
+    if not t > 0 or border_density(X.reshape(len(X), -1), shape, int(np.ceil(t))) > EMPTY_BORDER:
+        return X, False
+    return centred_images(X.reshape(len(X), -1), shape)[0].reshape(X.shape), True
+
+
 def invariant_knn(X, search, k=N_NEIGHBORS):
-    """The pipeline's kNN: the same search the estimator runs (exact or shortlist, grid only)."""
+    """The pipeline's kNN: the same search the estimator runs (exact or shortlist, grid only,
+    on the images centred where the estimator centres them)."""
     import torch
 
     from invariant_cluster.search import knn_search, make_search_grid
 
+    X, _ = centred_as_the_estimator(X, search)
     grid = make_search_grid("se2", refine=False, **search)
     Xt = torch.as_tensor(X).reshape(len(X), 1, *X.shape[1:])
     with torch.no_grad():
@@ -136,7 +154,7 @@ def run_row(variant, n, seed, data=None):
     X, y = make_variant(variant, n, seed, data)
     search = VARIANTS[variant]["search"]
     rows = []
-    base = {"variant": variant, "n": n}
+    base = {"variant": variant, "n": n, "centred": centred_as_the_estimator(X, search)[1]}
 
     def add(method, labels, seconds, **extra):
         rows.append({**base, "method": method, **scores(y, labels), "seconds": seconds,

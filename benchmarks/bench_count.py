@@ -18,11 +18,13 @@ there (``acc_given_k``).
 
 Methods, in the same run on the same data (every baseline uses the estimator's search range):
 
-- ``estimator``: ``InvariantAttentionClusterer(n_clusters=None)``; ``count_rule`` and
-  ``separation`` are its ``count_rule_`` and ``separation_`` (None where they do not exist);
-- ``estimator_center``: the same with ``center=True`` (images centred on their centres of
-  mass first), on the kinds with shifts only: copies shifted within +-2 px differ pairwise by
-  up to 2 (1 + sqrt 2) px per axis, beyond ``max_translation=2``;
+- ``estimator``: ``InvariantAttentionClusterer(n_clusters=None)``; ``count_rule``,
+  ``separation`` and ``center`` are its ``count_rule_``, ``separation_`` and ``center_`` (None
+  where they do not exist);
+- ``estimator_no_center``: the same with ``center=False`` (no image centred on its centre of
+  mass first), on the kinds with shifts only, where the default ``center="auto"`` can centre:
+  copies shifted within +-2 px differ pairwise by up to 2 (1 + sqrt 2) px per axis, beyond
+  ``max_translation=2``;
 - ``hdbscan_invariant``: scikit-learn's HDBSCAN (``min_cluster_size=3``) on the dense invariant
   grid distances (``sqrt`` of ``invariant_distances(refine=False)``, made symmetric by the
   minimum); n <= 5,000;
@@ -68,7 +70,7 @@ KINDS = ("digits8", "mnist_rot", "mnist_shift")
 SHAPES = (2, 3, 5, 8, 12)
 COPIES = (3, 4, 12, 40, 100)
 NOISES = (0.0, 0.1)
-METHODS = ("estimator", "estimator_center", "hdbscan_invariant", "leiden_modularity",
+METHODS = ("estimator", "estimator_no_center", "hdbscan_invariant", "leiden_modularity",
            "hdbscan_umap")
 MAX_DENSE = 5000  # the dense baselines hold an n x n matrix
 COLUMNS = ["set", "n", "method", "k", "count", "ari", "acc", "seconds", "count_rule",
@@ -237,7 +239,8 @@ def run_methods(X, y, search, seed, base, given_k=None):
         extra = {"n_clusters_": int(est.n_clusters_),
                  "count_rule": plain(getattr(est, "count_rule_", None)),
                  "separation": plain(getattr(est, "separation_", None)),
-                 "graph_used": plain(getattr(est, "graph_", None))}
+                 "graph_used": plain(getattr(est, "graph_", None)),
+                 "center": plain(getattr(est, "center_", None))}
         if given_k is not None:
             try:
                 est_k, t_k = timed(fit_estimator, X, given_k, seed, search)
@@ -249,12 +252,12 @@ def run_methods(X, y, search, seed, base, given_k=None):
         add("estimator", error=error_text(e))
     if search.get("max_translation", 0) > 0:
         try:
-            est, t = timed(fit_estimator, X, None, seed, search, center=True)
-            add("estimator_center", est.labels_, t, n_clusters_=int(est.n_clusters_),
+            est, t = timed(fit_estimator, X, None, seed, search, center=False)
+            add("estimator_no_center", est.labels_, t, n_clusters_=int(est.n_clusters_),
                 count_rule=plain(getattr(est, "count_rule_", None)),
                 separation=plain(getattr(est, "separation_", None)))
         except Exception as e:
-            add("estimator_center", error=error_text(e))
+            add("estimator_no_center", error=error_text(e))
 
     D, t_dist, dist_error = None, None, None
     if n <= MAX_DENSE:

@@ -432,6 +432,7 @@ def table_count(r):
     cell = {(x["kind"], x["method"]): x for x in summary}
     names = {"estimator": "`n_clusters=None`",
              "estimator_center": "`n_clusters=None, center=True`",
+             "estimator_no_center": "`n_clusters=None, center=False`",
              "hdbscan_invariant": "HDBSCAN on `invariant_distances`",
              "leiden_modularity": "Leiden (modularity) on the kNN graph",
              "hdbscan_umap": "HDBSCAN on umap-learn's layout"}

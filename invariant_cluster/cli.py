@@ -551,7 +551,8 @@ def build_parser():
     f.add_argument("--center", action="store_true", default=None,
                    help="centre every image on its centre of mass before the search, for "
                         "shapes that move on an empty background (copies shifted within +-S "
-                        "px differ by up to 2.4 S px, beyond --max-translation S)")
+                        "px differ by up to 2.4 S px, beyond --max-translation S); without it "
+                        "the estimator's center='auto' decides from the images")
 
     ca = _command(sub, "class-averages", _cmd_class_averages, "each image's class average in "
                   "its own pose, written as an MRC stack (.mrcs)", _AVERAGES_DESCRIPTION,

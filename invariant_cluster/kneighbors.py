@@ -150,14 +150,17 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         before the rotation, see :mod:`invariant_cluster.transforms`): twice the search's cost.
         In cryo-EM, the projection from the opposite direction is a mirror image. The
         alignments of :meth:`kneighbors` then have a 4th column, the mirror bit.
-    center : bool, default=False
+    center : bool or "auto", default=False
         Shift every image (fitted or queried) so that the centre of mass of its positive part
         lies at the image centre before the search, which then need only cover the shifts the
         centring leaves: for shapes that move on an empty background, whose copies shifted
         within ``+-s`` pixels differ by up to ``s (1 + sqrt(2))`` pixels per axis. The
         distances are those of the centred images; the alignments of :meth:`kneighbors` warp
         the images as given. The centring interpolates each image once (bilinear), which smooths
-        its finest detail and its noise.
+        its finest detail and its noise. "auto" decides from the fitted images as
+        :class:`~invariant_cluster.InvariantAttentionClusterer`'s default does (``center_``
+        says what the fit did). Off by default: the graph's distances are then the grid's
+        minimum over the images as given.
 
     Attributes
     ----------
@@ -166,6 +169,8 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
     feature_names_in_ : ndarray of shape (n_features_in_,)
         Column names seen in ``fit``; set only when ``X`` has column names that are all
         strings (a data frame).
+    center_ : bool
+        Whether the images are centred on their centres of mass (``center``).
     n_samples_fit_ : int
         Number of fitted images (the number of columns of the graph).
     search_plan_ : SearchPlan
@@ -216,7 +221,7 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         **SE2SearchMixin._parameter_constraints,
         **ENGINE_CONSTRAINTS,
         "mode": [StrOptions({"distance", "connectivity"})],
-        "center": ["boolean"],
+        "center": ["boolean", StrOptions({"auto"})],
     }
 
     def __init__(self, *, mode="distance", n_neighbors=5, group="se2", max_rotation=180.0,
@@ -255,7 +260,7 @@ class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutM
         -------
         self : object
         """
-        X2, self._fit_offsets = self._centred(self._validate(X, reset=True))
+        X2, self._fit_offsets = self._centred(self._validate(X, reset=True), reset=True)
         grid = self._grid(self.refine)  # validates the search parameters now, not at transform
         dev = resolve_device(self.device)
         self._fit_X = np.array(X2, copy=True)

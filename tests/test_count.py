@@ -557,7 +557,68 @@ def test_center_keeps_alignments_and_means_in_the_input_frame():
     assert est.transform(X).shape == (len(X), 3)
 
 
-def test_center_must_be_a_bool():
+def test_center_must_be_a_bool_or_auto():
     X, _ = _copies(2, 3)
+    assert InvariantAttentionClusterer().get_params()["center"] == "auto"
     with pytest.raises(ValueError, match="center"):
         InvariantAttentionClusterer(center="yes").fit(X)
+
+
+# ------------------------------------------------------------------ center="auto"
+@pytest.mark.parametrize("n_shapes, n_copies, shift, noise, seed", [
+    (12, 3, 2, 0.0, 0), (8, 4, 2, 0.05, 1), (4, 12, 2, 0.0, 2), (3, 40, 2, 0.05, 3),
+    (5, 3, 3, 0.0, 4)])
+def test_center_auto_counts_copies_shifted_beyond_the_search(n_shapes, n_copies, shift, noise,
+                                                             seed):
+    # at the defaults with only the search range set: copies shifted within +-shift px differ
+    # by up to shift (1 + sqrt 2) px, beyond max_translation=shift; on their empty background
+    # "auto" centres them
+    X, y = shifted_digit_copies(n_shapes, n_copies, shift, seed)
+    if noise:
+        X = X + noise * np.random.default_rng(seed).standard_normal(X.shape).astype(X.dtype)
+    est = _fit(X, max_translation=shift)
+    assert est.center_ is True
+    assert est.n_clusters_ == n_shapes
+    assert adjusted_rand_score(y, est.labels_) >= 0.95
+    np.testing.assert_array_equal(est.predict(X), est.labels_)
+    # the decision is the data's: the same fit with center=True gives the same partition
+    forced = _fit(X, max_translation=shift, center=True)
+    assert adjusted_rand_score(forced.labels_, est.labels_) == 1.0
+
+
+def test_center_auto_leaves_content_at_the_frame_and_rotations_alone():
+    X, _ = shifted_digit_copies(3, 4, 2, seed=5)
+    # without searched shifts there is nothing to centre for
+    assert _fit(X).center_ is False
+    assert _fit(X, group="rotation", max_translation=2).center_ is False
+    # content that reaches the frame (the 8 x 8 digits fill theirs; an inverted canvas is
+    # bright at its border): the centre of mass is no landmark there
+    digits, _ = _copies(3, 4)
+    assert _fit(digits, max_translation=1).center_ is False
+    assert _fit(1.0 - X, max_translation=2).center_ is False
+    # zero-mean images (a standardised stack) have no positive mean mass to measure
+    assert _fit(X - X.mean(0), max_translation=2).center_ is False
+    # predict centres as the fit decided
+    est = _fit(X, max_translation=2, n_clusters=3)
+    assert est.center_ is True
+    np.testing.assert_array_equal(est.predict(X), est.labels_)
+
+
+def test_border_density_against_its_definition():
+    from invariant_cluster.search.descriptors import border_density
+
+    rng = np.random.default_rng(0)
+    X = rng.random((7, 2, 9, 11))
+    mean = X.mean(0).sum(0)  # channels summed
+    for width in (1, 2, 3):
+        band = np.ones((9, 11), bool)
+        band[width:-width, width:-width] = False
+        expected = mean[band].mean() / mean.mean()
+        got = border_density(X.reshape(7, -1).astype(np.float32), (2, 9, 11), width)
+        assert got == pytest.approx(expected, rel=1e-6)
+    # uniform images: 1; content only inside the band: 0; no positive mass: inf
+    assert border_density(np.ones((3, 64)), (1, 8, 8), 2) == pytest.approx(1.0)
+    inner = np.zeros((3, 8, 8))
+    inner[:, 3:5, 3:5] = 1.0
+    assert border_density(inner.reshape(3, -1), (1, 8, 8), 2) == 0.0
+    assert border_density(-inner.reshape(3, -1), (1, 8, 8), 2) == np.inf

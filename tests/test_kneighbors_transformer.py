@@ -509,8 +509,16 @@ def test_center_finds_copies_shifted_beyond_the_search(n_shapes, n_copies, seed)
     assert knn.transform(X).shape == (len(X), len(X))
 
 
-def test_center_off_is_the_default_and_checked():
-    X, _ = shifted_digit_copies(2, 3, 1)
+def test_center_off_is_the_default_auto_decides_and_checked():
+    X, y = shifted_digit_copies(3, 4, 3, seed=2)
     assert InvariantKNeighborsTransformer().get_params()["center"] is False
+    assert InvariantKNeighborsTransformer(max_translation=1).fit(X).center_ is False
+    # "auto" with shifts searched on an empty background: centred, as with center=True
+    auto = InvariantKNeighborsTransformer(n_neighbors=3, max_translation=1, center="auto").fit(X)
+    forced = InvariantKNeighborsTransformer(n_neighbors=3, max_translation=1, center=True).fit(X)
+    assert auto.center_ is True
+    np.testing.assert_array_equal(auto.kneighbors()[1], forced.kneighbors()[1])
+    assert np.all(y[auto.kneighbors()[1]] == y[:, None])
+    assert InvariantKNeighborsTransformer(n_neighbors=3, center="auto").fit(X).center_ is False
     with pytest.raises(ValueError, match="center"):
         InvariantKNeighborsTransformer(center=1).fit(X)

@@ -81,6 +81,30 @@ def centred_images(flat: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
     return out.reshape(flat.shape).numpy(), d.double().numpy()
 
 
+def border_density(flat: np.ndarray, shape, width: int) -> float:
+    """The mean intensity of the mean image (channels summed, float64) in the band of
+    ``width`` pixels along the frame, over its mean intensity in the whole frame, of images
+    (flat rows of ``shape`` ``(C, H, W)``); ``inf`` where the mean image is not mass on a
+    dark background (its sum not positive, or its negative part over a tenth of its
+    positive part). Zero-mean noise cancels in the mean image, so the ratio is that of the clean
+    images: about 0 for shapes on an empty background, 1 for a uniform one."""
+    h, w = shape[-2:]
+    flat = flat.reshape(flat.shape[0], -1)
+    mean = np.zeros(math.prod(shape), dtype=np.float64)
+    for i in range(0, flat.shape[0], 8192):  # in blocks: no float64 copy of all the images
+        mean += flat[i:i + 8192].sum(0, dtype=np.float64)
+    m = mean.reshape(-1, h, w).sum(0)
+    total = float(m.sum())
+    # a mean image that is not mass on a dark background (all but rounding at zero, as in a
+    # standardised stack, or a tenth of it negative) has no band density to speak of
+    if not total > 0 or float(np.clip(-m, 0, None).sum()) > 0.1 * float(np.clip(m, 0, None).sum()):
+        return math.inf
+    width = max(1, min(int(width), (min(h, w) - 1) // 2))
+    inner = m[width:h - width, width:w - width]
+    band_area = h * w - inner.size
+    return ((total - float(inner.sum())) / band_area) / (total / (h * w))
+
+
 def _polar_spectrum(X, n_rings, n_angular, n_frequencies, centres):
     """Weighted angular spectra of rings about ``centres``: ``(n, U, C * n_rings, M)`` complex.
 
