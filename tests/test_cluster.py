@@ -229,13 +229,16 @@ def test_blurring_stops_before_two_separated_clusters_merge():
 
 def test_random_state_seeds_the_grouping():
     # umap-learn's layout and k-means' starts follow random_state: the same seed gives the same
-    # labels, other seeds give other partitions of structureless data
+    # labels, other seeds give other partitions of structureless data; Leiden's runs are drawn
+    # from it too (the same seed, the same labels)
     X = np.random.default_rng(13).random((60, 8, 8)).astype(np.float32)
     kw = dict(n_clusters=4, group="rotation", n_rotations=4, device="cpu")
-    a = _fit(X, random_state=0, **kw).labels_
-    np.testing.assert_array_equal(a, _fit(X, random_state=0, **kw).labels_)
-    others = [_fit(X, random_state=s, **kw).labels_ for s in (1, 2, 3)]
+    a = _fit(X, random_state=0, grouping="umap", **kw).labels_
+    np.testing.assert_array_equal(a, _fit(X, random_state=0, grouping="umap", **kw).labels_)
+    others = [_fit(X, random_state=s, grouping="umap", **kw).labels_ for s in (1, 2, 3)]
     assert min(adjusted_rand_score(a, o) for o in others) < 1.0
+    b = _fit(X, random_state=7, **kw).labels_
+    np.testing.assert_array_equal(b, _fit(X, random_state=7, **kw).labels_)
 
 
 def test_n_jobs_limits_threads_and_restores_them():

@@ -633,13 +633,14 @@ def test_umap_calibration_is_umap_learns(n, k, kind):
     assert abs(ours - theirs).max() < 1e-5
 
 
-def _modularity(W, labels):
-    """Newman's modularity of ``labels`` on the weighted graph ``W`` (float64, dense)."""
+def _modularity(W, labels, resolution=1.0):
+    """Newman's modularity of ``labels`` on the weighted graph ``W`` (float64, dense), at
+    ``resolution`` (the RB configuration model's quality over ``2 m``)."""
     W = np.asarray(W.todense(), dtype=np.float64)
     deg = W.sum(1)
     two_m = deg.sum()
     same = labels[:, None] == labels[None, :]
-    return float(((W - np.outer(deg, deg) / two_m) * same).sum() / two_m)
+    return float(((W - resolution * np.outer(deg, deg) / two_m) * same).sum() / two_m)
 
 
 def test_count_takes_the_best_of_several_leiden_runs():
@@ -649,14 +650,14 @@ def test_count_takes_the_best_of_several_leiden_runs():
     # there until stable, which loses none of its modularity
     from sklearn.neighbors import kneighbors_graph
 
-    from invariant_cluster._grouping import COUNT_RUNS, _igraph_graph, _igraph_leiden, leiden
+    from invariant_cluster._grouping import _igraph_graph, _igraph_leiden, _run_seeds, leiden
 
     rng = np.random.default_rng(1)
     X = rng.normal(size=(400, 2)) + 2.5 * rng.integers(0, 6, 400)[:, None] * [[1, 0.4]]
     A = kneighbors_graph(X, 10, mode="connectivity")
     G = A.maximum(A.T).tocsr()
     net = _igraph_graph(G)
-    runs = [np.asarray(_igraph_leiden(net, 1.0, 5 + r)) for r in range(COUNT_RUNS)]
+    runs = [np.asarray(_igraph_leiden(net, 1.0, seed)) for seed in _run_seeds(5)]
     q_runs = [_modularity(G, m) for m in runs]
     assert max(q_runs) - min(q_runs) > 1e-4  # the runs do differ
     best = runs[int(np.argmax(q_runs))]
@@ -664,6 +665,38 @@ def test_count_takes_the_best_of_several_leiden_runs():
     labels = leiden(G, None, random_state=5)
     assert _modularity(G, labels) == pytest.approx(_modularity(G, stable), abs=1e-12)
     assert _modularity(G, labels) >= max(q_runs) - 1e-12
+
+
+@pytest.mark.parametrize("resolution", [0.5, 2.0])
+def test_given_count_search_takes_the_best_of_several_runs(resolution):
+    # the count-given search's probes on the whole graph take, as the count does, the run of
+    # highest quality at their resolution among COUNT_RUNS seeds, iterated until stable
+    from sklearn.neighbors import kneighbors_graph
+
+    from invariant_cluster._grouping import (
+        COUNT_RUNS,
+        _best_partition,
+        _igraph_graph,
+        _igraph_leiden,
+        _run_seeds,
+    )
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(400, 2)) + 2.5 * rng.integers(0, 6, 400)[:, None] * [[1, 0.4]]
+    A = kneighbors_graph(X, 10, mode="connectivity")
+    G = A.maximum(A.T).tocsr()
+    net = _igraph_graph(G)
+    seeds = _run_seeds(3)
+    assert len(seeds) == COUNT_RUNS and not set(seeds) & set(_run_seeds(4))
+    runs = [np.asarray(_igraph_leiden(net, resolution, seed)) for seed in seeds]
+    q_runs = [_modularity(G, m, resolution) for m in runs]
+    best = runs[int(np.argmax(q_runs))]
+    stable = np.asarray(_igraph_leiden(net, resolution, 3, n_iterations=-1,
+                                       initial=best.tolist()))
+    labels = _best_partition(net, resolution, 3)
+    assert _modularity(G, labels, resolution) == pytest.approx(
+        _modularity(G, stable, resolution), abs=1e-12)
+    assert _modularity(G, labels, resolution) >= max(q_runs) - 1e-12
 
 
 def test_leiden_count_skips_the_means_communities_only_where_they_cannot_merge():
