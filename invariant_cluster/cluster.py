@@ -97,8 +97,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         ``separation_`` the ratio. The count can be wrong where copies of one shape are
         farther apart than two shapes (8 x 8 digits of the same class at arbitrary angles,
         noise as large as the distance between two shapes, copies shifted farther apart than
-        ``max_translation``) and where natural classes are
-        not modularity's communities; inspect ``cluster_centers_`` before trusting it.
+        ``max_translation`` on a background ``center`` does not centre) and where natural
+        classes are not modularity's communities; inspect ``cluster_centers_`` before
+        trusting it.
         An int: with ``grouping="leiden"``, the separated partition with ``n_clusters`` groups
         when there is one, else Leiden's resolution is searched until the partition
         has ``n_clusters`` parts of at least 2% of ``n_samples / n_clusters`` samples each (a
@@ -111,7 +112,10 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         Either way the fit runs on the distinct images in an order set by their content:
         duplicates (exact, or within 1% of the typical distance to the ``n_neighbors``-th
         neighbour, such as a copy turned by a grid angle) share one cluster, and neither
-        storing the data twice nor permuting the samples changes the partition.
+        storing the data twice nor permuting the samples changes the partition. A change of
+        the images too small to matter (a 1e-4 jitter) still moves that order, and so can
+        move Leiden's partition a little: each resolution takes the best of several seeded
+        runs, which leaves little to move (the user guide's convergence page).
     group : {"se2", "rotation", "translation", "none"}, default="se2"
         "none" is plain kernel attention (mean shift on pixels), the baseline.
     max_rotation : float, default=180.0
