@@ -294,8 +294,8 @@ def _igraph_graph(graph):
 # runs on the whole graph. One run's partition depends on its seed and on the order of the
 # nodes, which a 1e-4 jitter of the images moves (their content sets it): on 2,000 rotated
 # MNIST digits, three such jitters gave ARI 0.90-0.98 against the unjittered fit with one run
-# (n_clusters=10) and 0.98-0.99 with the best of five (n_clusters=None); the best of ten gave
-# 1.000 for all three, either way (the user guide's convergence page).
+# (n_clusters=10) and 0.98-0.99 with the best of five (n_clusters=None); the best of ten gives
+# 0.985-0.996 either way (the user guide's convergence page).
 COUNT_RUNS = 10
 
 
