@@ -88,28 +88,25 @@ def make_variant(variant, n, seed, data=None):
     return X.astype(np.float32), y
 
 
-def centred_as_the_estimator(X, search):
-    """``(X, centred)``: the images centred on their centres of mass where the estimator's
-    default ``center="auto"`` centres them (shifts searched, the mean image dark along the
-    frame), so that the pipelines search the images the estimator searches."""
-    from invariant_cluster._estimator import EMPTY_BORDER
-    from invariant_cluster.search.descriptors import border_density, centred_images
+def centred_as_the_estimator(X, search) -> bool:
+    """Whether the estimator's default ``center="auto"`` centres the images ``X`` on their
+    centres of mass (its own rule), so that the pipelines search the images it searches."""
+    from invariant_cluster._estimator import centres_images
 
-    t = search.get("max_translation", 0)
-    shape = (1, *X.shape[1:])
-    if not t > 0 or border_density(X.reshape(len(X), -1), shape, int(np.ceil(t))) > EMPTY_BORDER:
-        return X, False
-    return centred_images(X.reshape(len(X), -1), shape)[0].reshape(X.shape), True
+    return centres_images(X.reshape(len(X), -1), (1, *X.shape[1:]), "auto", "se2",
+                          search.get("max_translation", 0))
 
 
-def invariant_knn(X, search, k=N_NEIGHBORS):
-    """The pipeline's kNN: the same search the estimator runs (exact or shortlist, grid only,
-    on the images centred where the estimator centres them)."""
+def invariant_knn(X, search, k=N_NEIGHBORS, centre=False):
+    """The pipeline's kNN: the same search the estimator runs (exact or shortlist, grid only),
+    on the images centred on their centres of mass first where ``centre``."""
     import torch
 
     from invariant_cluster.search import knn_search, make_search_grid
+    from invariant_cluster.search.descriptors import centred_images
 
-    X, _ = centred_as_the_estimator(X, search)
+    if centre:
+        X = centred_images(X.reshape(len(X), -1), (1, *X.shape[1:]))[0].reshape(X.shape)
     grid = make_search_grid("se2", refine=False, **search)
     Xt = torch.as_tensor(X).reshape(len(X), 1, *X.shape[1:])
     with torch.no_grad():
@@ -154,7 +151,8 @@ def run_row(variant, n, seed, data=None):
     X, y = make_variant(variant, n, seed, data)
     search = VARIANTS[variant]["search"]
     rows = []
-    base = {"variant": variant, "n": n, "centred": centred_as_the_estimator(X, search)[1]}
+    centred = centred_as_the_estimator(X, search)
+    base = {"variant": variant, "n": n, "centred": centred}
 
     def add(method, labels, seconds, **extra):
         rows.append({**base, "method": method, **scores(y, labels), "seconds": seconds,
@@ -163,7 +161,7 @@ def run_row(variant, n, seed, data=None):
 
     lab, t, _ = timed(run_kmeans, X, seed)
     add("k-means (pixels)", lab, t)
-    (idx, dist), t_knn, _ = timed(invariant_knn, X, search)
+    (idx, dist), t_knn, _ = timed(invariant_knn, X, search, centre=centred)
     lab, t, _ = timed(embed_and_cluster, idx, dist, 10, seed)
     add("kNN + UMAP + k-means", lab, t_knn + t, knn_seconds=t_knn)
     lab, t, _ = timed(run_spectral, idx, seed)

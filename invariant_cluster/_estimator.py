@@ -117,13 +117,20 @@ class SE2SearchMixin(ImageInputMixin):
         return out.astype(X2.dtype, copy=False), offsets
 
     def _centres_images(self, X2) -> bool:
-        """Whether the fit centres ``X2``: ``center`` when a bool; for "auto", when shifts
-        are searched and the mean image's band of ``ceil(max_translation)`` pixels along the
-        frame is at most ``EMPTY_BORDER`` as bright as its whole frame."""
-        center = getattr(self, "center", False)
-        if not isinstance(center, str):
-            return bool(center)
-        if self.group not in ("se2", "translation") or not self.max_translation > 0:
-            return False
-        width = int(np.ceil(self.max_translation))
-        return border_density(X2, tuple(self.image_shape_), width) <= EMPTY_BORDER
+        """Whether the fit centres ``X2`` (:func:`centres_images` of the parameters)."""
+        return centres_images(X2, tuple(self.image_shape_), getattr(self, "center", False),
+                              self.group, self.max_translation)
+
+
+def centres_images(X2, image_shape, center, group, max_translation) -> bool:
+    """Whether images ``X2`` (flat rows of ``image_shape``) are centred on their centres of
+    mass: ``center`` when a bool; for "auto", when shifts are searched (``max_translation >
+    0``, ``group`` "se2" or "translation") and the mean image's band of
+    ``ceil(max_translation)`` pixels along the frame is at most ``EMPTY_BORDER`` as bright as
+    its whole frame."""
+    if not isinstance(center, str):
+        return bool(center)
+    if group not in ("se2", "translation") or not max_translation > 0:
+        return False
+    width = int(np.ceil(max_translation))
+    return border_density(X2, tuple(image_shape), width) <= EMPTY_BORDER
