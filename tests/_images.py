@@ -1,6 +1,21 @@
-"""Test images shared by the test modules."""
+"""Test images shared by the test modules, and where the MNIST-like test splits lie."""
+
+import os
+from pathlib import Path
 
 import numpy as np
+
+# the first folder of $INVARIANT_CLUSTER_DATA, else ../shared/data beside the repository
+_ENV = os.environ.get("INVARIANT_CLUSTER_DATA")
+DATA = (Path(_ENV.split(os.pathsep)[0]) if _ENV
+        else Path(__file__).resolve().parents[1] / ".." / "shared" / "data").resolve()
+
+
+def have_data(*names, labels=False):
+    """Whether the test split of each data set ``names`` ("mnist", "fashion-mnist") is under
+    ``DATA`` (its labels too with ``labels``)."""
+    files = ("t10k-images-idx3-ubyte.gz",) + (("t10k-labels-idx1-ubyte.gz",) if labels else ())
+    return all((DATA / n / f).is_file() for n in names for f in files)
 
 
 def random_images(shape, seed=0, border=0):

@@ -1,21 +1,18 @@
 """Smoke tests: each kernel-PCA benchmark runs with --quick and writes the expected JSON."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _images import DATA, have_data
 
 ROOT = Path(__file__).resolve().parents[1]
-_ENV = os.environ.get("INVARIANT_CLUSTER_DATA")
-DATA = (Path(_ENV.split(os.pathsep)[0]) if _ENV else ROOT / ".." / "shared" / "data").resolve()
 
 
 def _have(*names):
-    files = ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
-    return all((DATA / n / f).is_file() for n in names for f in files)
+    return have_data(*names, labels=True)
 
 
 def _run(script, out, *extra):

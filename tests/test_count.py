@@ -4,14 +4,12 @@ stored twice (exactly, jittered, turned by quarter turns) and permuted."""
 
 from __future__ import annotations
 
-import os
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from _images import shifted_digit_copies
+from _images import DATA, have_data, shifted_digit_copies
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
 
@@ -151,12 +149,7 @@ def test_natural_means_never_coarser_than_modularity():
     assert adjusted_rand_score(y, est.labels_) >= 0.7
 
 
-_DATA = Path(os.environ.get("INVARIANT_CLUSTER_DATA", "").split(os.pathsep)[0]
-             or Path(__file__).resolve().parents[1] / ".." / "shared" / "data")
-
-
-@pytest.mark.skipif(not (_DATA / "mnist" / "t10k-images-idx3-ubyte.gz").is_file(),
-                    reason="MNIST test split not found")
+@pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
 def test_jitter_does_not_move_the_partition_of_natural_classes():
     # 2,000 MNIST test digits rotated within +-45 degrees and jittered by 1e-4: the jitter
     # moves the content keys that order the nodes, and one Leiden run's partition moved with
@@ -164,10 +157,9 @@ def test_jitter_does_not_move_the_partition_of_natural_classes():
     # over three jitters: near-optimal partitions remain, which the order picks between)
     from invariant_cluster.datasets import load_mnist, make_transformed
 
-    images, _ = load_mnist("test", data_home=_DATA, return_X_y=True)
+    images = load_mnist("test", data_home=DATA).images  # (n, 28, 28) float32 in [0, 1]
     picks = np.random.default_rng(0).choice(len(images), 2000, replace=False)
-    X, _ = make_transformed(images[picks].astype(np.float32) / 255.0, max_rotation=45,
-                            random_state=0)
+    X, _ = make_transformed(images[picks], max_rotation=45, random_state=0)
     X = np.asarray(X, dtype=np.float32)
     Xj = X + 1e-4 * np.random.default_rng(2).standard_normal(X.shape).astype(X.dtype)
     for n_clusters in (10, None):

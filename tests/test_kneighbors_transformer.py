@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from _images import random_images, shifted_digit_copies
+from _images import DATA, have_data, random_images, shifted_digit_copies
 from scipy import sparse
 from scipy.ndimage import gaussian_filter
 from sklearn.cluster import DBSCAN, HDBSCAN, KMeans, SpectralClustering
@@ -458,19 +458,16 @@ def test_readme_pipeline_runs():
 
 def test_benchmark_runs(tmp_path):
     import json
-    import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    env_data = os.environ.get("INVARIANT_CLUSTER_DATA")
-    data = Path(env_data.split(os.pathsep)[0]) if env_data else root / ".." / "shared" / "data"
-    if not (data / "mnist" / "t10k-images-idx3-ubyte.gz").is_file():
-        pytest.skip(f"MNIST not found under {data}")
+    if not have_data("mnist"):
+        pytest.skip(f"MNIST not found under {DATA}")
     out = tmp_path / "neighbors.json"
     proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_neighbors.py"),
-                           "--n", "150", "--k", "3", "--data", str(data), "--out", str(out),
+                           "--n", "150", "--k", "3", "--data", str(DATA), "--out", str(out),
                            "--threads", "1"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())["results"]

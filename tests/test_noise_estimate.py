@@ -14,11 +14,11 @@ were clean, and 0 when noise of 0.05-0.2 was added. The bounds asserted here, at
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _images import DATA, have_data
 
 from invariant_cluster import RadialWiener
 from invariant_cluster.datasets import load_digits_images
@@ -26,10 +26,7 @@ from invariant_cluster.denoise import estimate_noise_std
 
 _cache: dict = {}
 
-_ENV = os.environ.get("INVARIANT_CLUSTER_DATA")
-DATA = (Path(_ENV.split(os.pathsep)[0]) if _ENV
-        else Path(__file__).resolve().parents[1] / ".." / "shared" / "data").resolve()
-HAVE_MNIST = (DATA / "mnist" / "t10k-images-idx3-ubyte.gz").is_file()
+HAVE_MNIST = have_data("mnist")
 needs_mnist = pytest.mark.skipif(not HAVE_MNIST, reason=f"MNIST not found under {DATA}")
 
 CLEAN_BOUND = {8: 0.09, 16: 0.01, 28: 0.01, 64: 0.01}
