@@ -305,19 +305,43 @@ def _run_seeds(random_state) -> list[int]:
     return [int(s) for s in np.random.SeedSequence(int(random_state)).generate_state(COUNT_RUNS)]
 
 
-def _best_partition(net, resolution, random_state) -> np.ndarray:
+def _best_partition(net, resolution, random_state, typical=False) -> np.ndarray:
     """Labels of the partition of highest quality (modularity at ``resolution``) among
     ``COUNT_RUNS`` runs of igraph's Leiden (``_IGRAPH_ITERATIONS`` iterations each) on the
     weighted igraph graph ``net``, then iterated from there until stable: the first iterations
-    gain most of the quality at a fraction of the time (the user guide's convergence page)."""
-    best, best_q = None, -math.inf
+    gain most of the quality at a fraction of the time (the user guide's convergence page).
+
+    ``typical`` (the count, ``n_clusters=None``): the best only among the runs that agree with
+    the others (mean adjusted Rand index) at least as well as the median run does. Near-optimal
+    partitions differ in quality by less than the runs' own spread, so the best one alone can
+    be a split the other runs do not make (:func:`_typical_runs`)."""
+    runs, quality = [], []
     for seed in _run_seeds(random_state):
         membership = _igraph_leiden(net, resolution, seed)
-        q = net.modularity(membership, weights="weight", resolution=float(resolution))
-        if q > best_q:
-            best, best_q = membership, q
+        runs.append(membership)
+        quality.append(net.modularity(membership, weights="weight",
+                                      resolution=float(resolution)))
+    candidates = _typical_runs(runs) if typical else np.arange(len(runs))
+    best = runs[int(candidates[np.argmax(np.asarray(quality)[candidates])])]
     best = _igraph_leiden(net, resolution, int(random_state), n_iterations=-1, initial=best)
     return np.unique(best, return_inverse=True)[1].astype(np.int64)
+
+
+def _typical_runs(runs) -> np.ndarray:
+    """Indices of the partitions ``runs`` whose mean adjusted Rand index with the other runs
+    is at least the median of those means: the runs the ensemble supports (stability), the
+    others being splits or merges that only some runs make."""
+    from sklearn.metrics import adjusted_rand_score
+
+    r = len(runs)
+    if r < 3:
+        return np.arange(r)
+    agree = np.eye(r)
+    for i in range(r):
+        for j in range(i + 1, r):
+            agree[i, j] = agree[j, i] = adjusted_rand_score(runs[i], runs[j])
+    mean = (agree.sum(1) - 1.0) / (r - 1)
+    return np.flatnonzero(mean >= np.median(mean))
 
 
 def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
@@ -335,7 +359,7 @@ def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
 
     net = _igraph_graph(graph)
     if n_clusters is None:
-        return _best_partition(net, 1.0, random_state)
+        return _best_partition(net, 1.0, random_state, typical=True)
     optimiser = la.Optimiser()
     optimiser.set_rng_seed(int(random_state))
 
