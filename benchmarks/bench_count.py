@@ -292,7 +292,29 @@ def run_methods(X, y, search, seed, base, given_k=None):
                 noise_fraction=float(np.mean(lab < 0)))
         except Exception as e:  # umap-learn's precomputed metric on tiny sets (n < 20)
             add("hdbscan_umap", error=error_text(e))
+    if D is not None and base.get("copies") is not None:
+        ratio = true_separation(D, y)
+        for row in rows:
+            row["true_separation"] = ratio
     return rows
+
+
+def true_separation(D, y):
+    """The smallest, over the true groups, of a group's shortest invariant distance to an image
+    of another group over the longest edge of its own minimum spanning tree (dense ``D``).
+    Under 1, some group's copies are farther from each other than it is from another shape:
+    the data do not separate that group by distance, whatever rule counts them."""
+    from scipy.sparse.csgraph import minimum_spanning_tree
+
+    worst = np.inf
+    for g in np.unique(y):
+        own = y == g
+        inner = D[np.ix_(own, own)]
+        longest = minimum_spanning_tree(np.where(inner > 0, inner, 1e-12)).toarray().max() \
+            if own.sum() > 1 else 0.0
+        nearest = D[np.ix_(own, ~own)].min()
+        worst = min(worst, nearest / longest if longest > 0 else np.inf)
+    return float(worst)
 
 
 def warm_up(seed):
@@ -335,6 +357,7 @@ def summarize(rows):
             if not sel:
                 continue
             done = [r for r in sel if r["count"] is not None]
+            apart = [r for r in done if (r.get("true_separation") or 0) > 1]
             out.append({
                 "method": method, "kind": kd, "noise": s, "sets": len(sel),
                 "exact": sum(r["count"] == r["k"] and r["ari"] >= 0.95 for r in done),
@@ -343,6 +366,11 @@ def summarize(rows):
                                            default=None),
                 "mean_ari": float(np.mean([r["ari"] for r in done])) if done else None,
                 "failed": len(sel) - len(done),
+                # sets whose true groups are separated by distance (true_separation > 1)
+                "separated_sets": len(apart),
+                "exact_separated": sum(r["count"] == r["k"] and r["ari"] >= 0.95 for r in apart),
+                "max_abs_count_error_separated": max(
+                    (abs(r["count"] - r["k"]) for r in apart), default=None),
                 "seconds": float(sum(r["seconds"] or 0.0 for r in sel)),
             })
     return out

@@ -453,6 +453,13 @@ def table_count(r):
             else:
                 row.append(str(x["exact"]))
         body.append(row)
+    cell_all = {m: cell.get(("all", m)) for m in methods}
+    if all(x is not None and x.get("separated_sets") is not None for x in cell_all.values()):
+        # the sets whose true groups the invariant distances separate (bench_count's
+        # true_separation > 1)
+        body.append(["sets whose groups the distances separate (largest count error)"]
+                    + [f"{x['exact_separated']} of {x['separated_sets']} "
+                       f"({x['max_abs_count_error_separated']})" for x in cell_all.values()])
     return ("Copy sets with the exact count and ARI >= 0.95:\n\n"
             + md_table(["copy sets", *[names.get(m, m) for m in methods]], body,
                        ["l"] + ["r"] * len(methods)))

@@ -153,8 +153,8 @@ def test_natural_means_never_coarser_than_modularity():
 def test_jitter_does_not_move_the_partition_of_natural_classes():
     # 2,000 MNIST test digits rotated within +-45 degrees and jittered by 1e-4: the jitter
     # moves the content keys that order the nodes, and one Leiden run's partition moved with
-    # them (ARI 0.90 with n_clusters=10); the best of COUNT_RUNS runs moves less (0.985-0.996
-    # over three jitters: near-optimal partitions remain, which the order picks between)
+    # them (ARI 0.90 with n_clusters=10); the best of COUNT_RUNS runs by modularity moved less
+    # (0.985-0.996 over three jitters), the best of the typical runs not at all (1.0)
     from invariant_cluster.datasets import load_mnist, make_transformed
 
     images = load_mnist("test", data_home=DATA).images  # (n, 28, 28) float32 in [0, 1]
@@ -165,7 +165,7 @@ def test_jitter_does_not_move_the_partition_of_natural_classes():
     for n_clusters in (10, None):
         ref = _fit(X, n_clusters=n_clusters, max_rotation=60, n_rotations=24)
         moved = _fit(Xj, n_clusters=n_clusters, max_rotation=60, n_rotations=24)
-        assert adjusted_rand_score(ref.labels_, moved.labels_) >= 0.98
+        assert adjusted_rand_score(ref.labels_, moved.labels_) >= 0.99
 
 
 @pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")

@@ -706,9 +706,10 @@ def test_typical_runs_leave_out_the_runs_that_split_alone():
 
 
 @pytest.mark.parametrize("resolution", [0.5, 2.0])
-def test_given_count_search_takes_the_best_of_several_runs(resolution):
+def test_given_count_search_takes_the_best_of_the_typical_runs(resolution):
     # the count-given search's probes on the whole graph take, as the count does, the run of
-    # highest quality at their resolution among COUNT_RUNS seeds, iterated until stable
+    # highest quality at their resolution among the typical runs of COUNT_RUNS seeds,
+    # iterated until stable
     from sklearn.neighbors import kneighbors_graph
 
     from invariant_cluster._grouping import (
@@ -727,14 +728,16 @@ def test_given_count_search_takes_the_best_of_several_runs(resolution):
     seeds = _run_seeds(3)
     assert len(seeds) == COUNT_RUNS and not set(seeds) & set(_run_seeds(4))
     runs = [np.asarray(_igraph_leiden(net, resolution, seed)) for seed in seeds]
-    q_runs = [_modularity(G, m, resolution) for m in runs]
-    best = runs[int(np.argmax(q_runs))]
+    q_runs = np.array([_modularity(G, m, resolution) for m in runs])
+    agree = np.array([np.mean([_ari(a, b) for b in runs if b is not a]) for a in runs])
+    typical = np.flatnonzero(agree >= np.median(agree) - 1e-12)
+    best = runs[int(typical[np.argmax(q_runs[typical])])]
     stable = np.asarray(_igraph_leiden(net, resolution, 3, n_iterations=-1,
                                        initial=best.tolist()))
     labels = _best_partition(net, resolution, 3)
     assert _modularity(G, labels, resolution) == pytest.approx(
         _modularity(G, stable, resolution), abs=1e-12)
-    assert _modularity(G, labels, resolution) >= max(q_runs) - 1e-12
+    assert _modularity(G, labels, resolution) >= q_runs[typical].max() - 1e-12
 
 
 def test_leiden_count_skips_the_means_communities_only_where_they_cannot_merge():
