@@ -390,13 +390,14 @@ def _fit_into(row, name, Z, *, n_clusters, seed, search):
     return est.labels_
 
 
-def duplicate_rows(X, y, search, seed, base, fractions=()):
+def duplicate_rows(X, y, search, seed, base, fractions=(), jitters=()):
     """The estimator on X, X twice, X plus a 1e-4 copy, that copy alone, X plus its quarter
     turns and X permuted; n_clusters None and k.
 
     ``fractions``: also fit X with a random share of its images appended again (ACC on the
-    whole set, to compare with ``single_acc``). ``<fit>_crashed``/``<fit>_error``: whether a
-    fit raised, and its message.
+    whole set, to compare with ``single_acc``). ``jitters``: seeds of further 1e-4 jitters of
+    X, each fitted alone (``more_jitters_ari_vs_single``). ``<fit>_crashed``/``<fit>_error``:
+    whether a fit raised, and its message.
     """
     from sklearn.metrics import adjusted_rand_score
 
@@ -437,6 +438,15 @@ def duplicate_rows(X, y, search, seed, base, fractions=()):
         if lab is not None and near_labels is not None:
             row["near_ari_first_half_vs_jittered"] = float(
                 adjusted_rand_score(lab, near_labels[:n]))
+        # more jitters of the same size, each fitted alone (natural classes: the spread)
+        more = []
+        for j in jitters:
+            lab = fit(f"jittered_{j}", (X + 1e-4 * np.random.default_rng(j).standard_normal(
+                X.shape)).astype(np.float32))
+            if lab is not None and ref is not None:
+                more.append(float(adjusted_rand_score(ref, lab)))
+        if jitters:
+            row["more_jitters_ari_vs_single"] = more
         lab = fit("permuted", X[perm])
         if lab is not None:
             lab = lab[inv]
@@ -538,7 +548,8 @@ def main(argv=None):
             X, y = make_variant("rotated45", n, 0, args.data)
             search = VARIANTS["rotated45"]["search"]
             base = {"set": f"rotated45 n={n} seed=0", "kind": "rotated45", "copies": None}
-            result["duplicates"] += duplicate_rows(X, y, search, 0, base, fractions=(0.1, 0.5))
+            result["duplicates"] += duplicate_rows(X, y, search, 0, base, fractions=(0.1, 0.5),
+                                                   jitters=(12, 13))
             save()
 
     if not (result["rows"] or result["duplicates"]):
