@@ -184,7 +184,9 @@ def dense_distances(X, search):
 def hdbscan_invariant(D):
     from sklearn.cluster import HDBSCAN
 
-    return HDBSCAN(metric="precomputed", min_cluster_size=3).fit_predict(D)
+    # copy=True: HDBSCAN otherwise writes its mutual reachability distances into D, which
+    # the umap-learn baseline and true_separation read afterwards
+    return HDBSCAN(metric="precomputed", min_cluster_size=3, copy=True).fit_predict(D)
 
 
 def leiden_modularity(X, search, seed):
@@ -301,9 +303,11 @@ def run_methods(X, y, search, seed, base, given_k=None):
 
 def true_separation(D, y):
     """The smallest, over the true groups, of a group's shortest invariant distance to an image
-    of another group over the longest edge of its own minimum spanning tree (dense ``D``).
-    Under 1, some group's copies are farther from each other than it is from another shape:
-    the data do not separate that group by distance, whatever rule counts them."""
+    of another group over the longest edge of its own minimum spanning tree (dense ``D``, the
+    images as given). Under 1, some group's copies are farther from each other than it is
+    from another shape: no partition of the samples' distances (single linkage, a cut, a
+    density) finds that group; averaging the copies first (the converged means) or centring
+    them still can."""
     from scipy.sparse.csgraph import minimum_spanning_tree
 
     worst = np.inf
