@@ -94,13 +94,13 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         rotated MNIST and Fashion-MNIST, ``count_natural*.json``). There, Leiden at
         resolution 1 (modularity) counts, the best of the typical ones of 10 seeded runs
         (a split that only the run of highest modularity makes is not taken), its
-        communities merged where the converged means collapsed them onto one mode. ``count_rule_`` says which rule decided and
-        ``separation_`` the ratio. The count can be wrong where copies of one shape are
-        farther apart than two shapes (8 x 8 digits of the same class at arbitrary angles,
-        noise as large as the distance between two shapes, copies shifted farther apart than
-        ``max_translation`` on a background ``center`` does not centre) and where natural
-        classes are not modularity's communities; inspect ``cluster_centers_`` before
-        trusting it.
+        communities merged where the converged means collapsed them onto one mode.
+        ``count_rule_`` says which rule decided and ``separation_`` the ratio. The count can
+        be wrong where copies of one shape are farther apart than two shapes (8 x 8 digits
+        of the same class at arbitrary angles, noise as large as the distance between two
+        shapes, copies shifted farther apart than ``max_translation`` on a background
+        ``center`` does not centre) and where natural classes are not modularity's
+        communities; inspect ``cluster_centers_`` before trusting it.
         An int: with ``grouping="leiden"``, the separated partition with ``n_clusters`` groups
         when there is one, else Leiden's resolution is searched until the partition
         has ``n_clusters`` parts of at least 2% of ``n_samples / n_clusters`` samples each (a
