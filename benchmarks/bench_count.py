@@ -304,21 +304,21 @@ def run_methods(X, y, search, seed, base, given_k=None):
 def true_separation(D, y):
     """The smallest, over the true groups, of a group's shortest invariant distance to an image
     of another group over the longest edge of its own minimum spanning tree (dense ``D``, the
-    images as given). Under 1, some group's copies are farther from each other than it is
-    from another shape: no partition of the samples' distances (single linkage, a cut, a
-    density) finds that group; averaging the copies first (the converged means) or centring
-    them still can."""
-    from scipy.sparse.csgraph import minimum_spanning_tree
+    images as given; ``_grouping._group_ratios``, the ratio the count's density groups are
+    judged by). Under 1, some group's copies are farther from each other than it is from
+    another shape: no partition of the samples' distances (single linkage, a cut, a density)
+    finds that group; averaging the copies first (the converged means) or centring them still
+    can."""
+    from scipy.sparse import csr_matrix
 
-    worst = np.inf
-    for g in np.unique(y):
-        own = y == g
-        inner = D[np.ix_(own, own)]
-        longest = minimum_spanning_tree(np.where(inner > 0, inner, 1e-12)).toarray().max() \
-            if own.sum() > 1 else 0.0
-        nearest = D[np.ix_(own, ~own)].min()
-        worst = min(worst, nearest / longest if longest > 0 else np.inf)
-    return float(worst)
+    from invariant_cluster._grouping import _group_ratios
+
+    pos = D[D > 0]
+    # every pair an edge: zero distances (exact copies) raised to a tiny positive value
+    S = csr_matrix(np.where(D > 0, D, 1e-9 * (pos.min() if pos.size else 1.0)))
+    S.setdiag(0)
+    S.eliminate_zeros()
+    return float(_group_ratios(S, np.unique(y, return_inverse=True)[1]).min())
 
 
 def warm_up(seed):

@@ -337,6 +337,7 @@ def _typical_runs(runs) -> np.ndarray:
     r = len(runs)
     if r < 3:
         return np.arange(r)
+    runs = [np.asarray(m) for m in runs]  # each converted once, not once per pair
     agree = np.eye(r)
     for i in range(r):
         for j in range(i + 1, r):
