@@ -11,6 +11,7 @@ from ._cli_support import (
     UsageError,
     _check_finite,
     _number,
+    _positive_int,
     _warnings_as_lines,
     shared_options,
 )
@@ -28,8 +29,14 @@ def add_cryoem_options(parser):
     c.add_argument("--star", metavar="PATH",
                    help="RELION STAR file of the particles (one row per image of the stack, in "
                         "its order; needs pip install invariant_cluster[cryoem]): the search "
-                        "on phase-flipped images, CTF-corrected averages, and particles.star "
-                        "with each particle's class, angle, shift and mirror")
+                        "on phase-flipped images compared across CTF groups, CTF-corrected "
+                        "averages, and particles.star with each particle's class, angle, shift "
+                        "and mirror")
+    c.add_argument("--ctf-groups", type=_positive_int, default=None, metavar="G",
+                   help="with --star, the one-step search compares images across at most G "
+                        "groups of similar defocus, each pair filtered to the same CTF "
+                        "(default: invariant_cluster.ctf.CTF_GROUPS; 1: phase-flipped images "
+                        "only)")
     positive = _number(float, 0, strict=True, what="'auto' or a positive number")
     c.add_argument("--snr", type=lambda t: t if t == "auto" else positive(t), metavar="SNR",
                    help="Wiener-filtered averages: the signal-to-noise ratio of one image, or "
@@ -79,6 +86,7 @@ def one_step_averages(args, progress, X, den, ctf=None, rotation_center="geometr
     """:func:`~invariant_cluster.class_averages` with the options given; ``(averages,
     seconds)``."""
     from .barycenters import class_averages
+    from .ctf import CTF_GROUPS
     from .kneighbors import InvariantKNeighborsTransformer
 
     # the search's options: what class_averages shares with the kNN transformer
@@ -89,6 +97,7 @@ def one_step_averages(args, progress, X, den, ctf=None, rotation_center="geometr
         raise UsageError(f"--n-neighbors: expected at most {len(X) - 1} for {len(X)} images, "
                          f"got {k}")
     choice = None
+    groups = CTF_GROUPS if args.ctf_groups is None else args.ctf_groups
     with progress.stage(f"averaging {len(X)} images with their {k} neighbours"):
         t0 = time.perf_counter()
         with _warnings_as_lines():
@@ -100,14 +109,15 @@ def one_step_averages(args, progress, X, den, ctf=None, rotation_center="geometr
                     rotation_center=rotation_center, return_choice=True, **params)
             else:
                 averages = class_averages(X, n_neighbors=k, denoise=den, center=args.center,
-                                          ctf=ctf, snr=args.snr,
+                                          ctf=ctf, ctf_groups=groups, snr=args.snr,
                                           rotation_center=rotation_center, **params)
         seconds = time.perf_counter() - t0
     _check_finite(class_averages=averages)
     info = {"method": "one-step", "n_neighbors": k,
             "steerable_filter": choice,
             "denoise": None if den is None else den.get_params(), "center": bool(args.center),
-            "ctf": ctf is not None, "snr": args.snr,
+            "ctf": ctf is not None, "ctf_groups": groups if ctf is not None else None,
+            "snr": args.snr,
             "rotation_center": rotation_center, "params": params}
     return averages, seconds, info
 

@@ -17,7 +17,17 @@ from ._heap import reusing_heap
 from ._means import invariant_mean, invariant_mean_tensor
 from ._utils import resolve_device
 from .alignment import to_images
-from .ctf import _check_ctf, _check_snr, ctf_images, phase_flip, spectral_snr, wiener_combine
+from .ctf import (
+    CTF_GROUPS,
+    _check_ctf,
+    _check_snr,
+    cross_ctf_filters,
+    ctf_groups,
+    ctf_images,
+    phase_flip,
+    spectral_snr,
+    wiener_combine,
+)
 from .denoise import DihedralPCA
 from .kneighbors import InvariantKNeighborsTransformer
 from .neighbors import aligned_weighted_sum
@@ -57,9 +67,9 @@ def _check_labels(labels, n: int) -> np.ndarray:
 @reusing_heap
 def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=180.0,
                    n_rotations=36, max_translation=0, refine=True, reflection=False,
-                   neighbor_search="auto", denoise=None, center=False, ctf=None, snr=None,
-                   rotation_center="auto", image_shape=None, device="auto", batch_size=None,
-                   return_alignments=False):
+                   neighbor_search="auto", denoise=None, center=False, ctf=None,
+                   ctf_groups=CTF_GROUPS, snr=None, rotation_center="auto", image_shape=None,
+                   device="auto", batch_size=None, return_alignments=False):
     """Class averages: denoised images by averaging under alignment.
 
     Two kinds, as cryo-electron microscopy's "2D classification" has them:
@@ -171,6 +181,7 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         raise ValueError("center: only with labels=None (each image's class average)")
     ctf, rc = _check_ctf_options(ctf, snr, rotation_center, Xt)
     Xs = Xt if ctf is None else _phase_flipped(Xt, ctf)
+    cross = _cross_ctf(Xs, ctf, ctf_groups, rc)
     wiener = ctf is not None or snr is not None
     if wiener:
         # the Wiener term at each frequency
@@ -202,7 +213,7 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
             Xs, tuple(Xs.shape[1:]), n_neighbors, denoise=denoise, center=center, device=dev,
             max_translation=max_translation, group=group, max_rotation=max_rotation,
             n_rotations=n_rotations, refine=refine, reflection=reflection,
-            batch_size=batch_size, neighbor_search=neighbor_search)
+            batch_size=batch_size, neighbor_search=neighbor_search, cross=cross)
         if wiener:
             out = _one_step_ctf_average(Xp, ind, tau, ctf, reg, (h, w))
         else:
@@ -234,6 +245,23 @@ def _check_ctf_options(ctf, snr, rotation_center, Xt):
 
 def _phase_flipped(Xt, ctf):
     return phase_flip(Xt[:, 0], ctf)[:, None]
+
+
+def _cross_ctf(Xs, ctf, max_groups, rotation_center):
+    """The search's comparison across CTF groups for the phase-flipped images ``Xs``
+    ``(n, 1, H, W)`` (see :func:`_cross_ctf_neighbors`), or None: no ``ctf``, or one group
+    (``max_groups`` checked either way)."""
+    if isinstance(max_groups, bool) or not isinstance(max_groups, numbers.Integral) \
+            or max_groups < 1:
+        raise ValueError(f"ctf_groups: expected a positive int, got {max_groups!r}")
+    if ctf is None:
+        return None
+    groups, representatives = ctf_groups(ctf, int(max_groups))
+    if len(representatives) == 1:
+        return None
+    filters = cross_ctf_filters(representatives, tuple(Xs.shape[-2:]), dtype=Xs.dtype,
+                                device=Xs.device)
+    return Xs, groups, filters, rotation_center
 
 
 def _subset(ctf, index):
@@ -276,8 +304,8 @@ def _one_step_ctf_average(Xp, ind, tau, ctf, reg, shape):
 
 def aligned_neighbors(X, n_neighbors=10, *, group="se2", max_rotation=180.0, n_rotations=36,
                       max_translation=0, refine=True, reflection=False, neighbor_search="auto",
-                      denoise=None, center=False, ctf=None, rotation_center="auto",
-                      image_shape=None, device="auto", batch_size=None):
+                      denoise=None, center=False, ctf=None, ctf_groups=CTF_GROUPS,
+                      rotation_center="auto", image_shape=None, device="auto", batch_size=None):
     """Each image's invariant nearest neighbours and their alignments, optionally found on a
     denoised copy: the search of :func:`class_averages` (``labels=None``), without the average.
 
@@ -332,18 +360,21 @@ image_shape, device, batch_size
     dev = resolve_device(device)
     Xt, _, _ = to_images(X, name="X", image_shape=image_shape, device=dev, min_samples=2)
     ctf, rc = _check_ctf_options(ctf, None, rotation_center, Xt)
-    Xt = pad_for_centre(Xt if ctf is None else _phase_flipped(Xt, ctf), rc)
+    Xs = Xt if ctf is None else _phase_flipped(Xt, ctf)
+    cross = _cross_ctf(Xs, ctf, ctf_groups, rc)
+    Xt = pad_for_centre(Xs, rc)
     return _aligned_neighbors(
         Xt, tuple(Xt.shape[1:]), n_neighbors, denoise=denoise, center=center, device=dev,
         max_translation=max_translation, group=group, max_rotation=max_rotation,
         n_rotations=n_rotations, refine=refine, reflection=reflection, batch_size=batch_size,
-        neighbor_search=neighbor_search)
+        neighbor_search=neighbor_search, cross=cross)
 
 
 def _aligned_neighbors(Xt, shape, n_neighbors, *, denoise, center, device, max_translation,
-                       **search_kw):
+                       cross=None, **search_kw):
     """:func:`aligned_neighbors` on validated images ``Xt`` ``(n, C, H, W)`` (both public
-    functions' checks of ``n_neighbors`` and ``center`` are here)."""
+    functions' checks of ``n_neighbors`` and ``center`` are here); ``cross``: compared across
+    CTF groups (:func:`_cross_ctf_neighbors`; ``Xt`` then only fits ``denoise``)."""
     n = Xt.shape[0]
     if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, numbers.Integral) \
             or not 1 <= n_neighbors < n:
@@ -351,20 +382,70 @@ def _aligned_neighbors(Xt, shape, n_neighbors, *, denoise, center, device, max_t
                          f"got {n_neighbors!r}")
     if not isinstance(center, (bool, np.bool_)):
         raise TypeError(f"center: expected a bool, got {type(center).__name__}")
-    search, search_shape, scale = Xt.reshape(n, -1).cpu().numpy(), shape, 1.0
-    if denoise is not None:
-        pca = _fitted_denoiser(denoise, Xt)
-        search = pca.transform(Xt.cpu().numpy())
-        search_shape, scale = pca.image_shape_out_, pca.scale_
+    pca = None if denoise is None else _fitted_denoiser(denoise, Xt)
+    if cross is not None:
+        return _cross_ctf_neighbors(cross, int(n_neighbors), pca, center=center, device=device,
+                                    max_translation=max_translation, **search_kw)
+    _, ind, tau = _search_copies(Xt, Xt, True, int(n_neighbors), pca, shape, center=center,
+                                 device=device, max_translation=max_translation, **search_kw)
+    return ind, tau
+
+
+def _search_copies(Q, K, same, k, pca, shape, *, center, device, max_translation, **search_kw):
+    """``(dist, ind, tau)`` of the ``k`` invariant nearest images of ``K`` ``(m, C, H, W)`` to
+    each of ``Q`` (``same``: ``Q`` is ``K``, each image not its own neighbour), searched on
+    their ``pca`` copies (None: as they are); shifts in the pixels of the images given."""
+    def copy(Y):
+        if pca is None:
+            return Y.reshape(Y.shape[0], -1).cpu().numpy(), shape, 1.0
+        return pca.transform(Y.cpu().numpy()), pca.image_shape_out_, pca.scale_
+
+    keys, search_shape, scale = copy(K)
     # with center, the transformer centres the search images and gives alignments of them
     # as given (uncentred)
-    knn = InvariantKNeighborsTransformer(n_neighbors=int(n_neighbors),
-                                         max_translation=max_translation / scale,
+    knn = InvariantKNeighborsTransformer(n_neighbors=k, max_translation=max_translation / scale,
                                          image_shape=search_shape, device=device,
-                                         center=bool(center), **search_kw)
-    _, ind, tau = knn.fit(search).kneighbors(return_alignments=True)
+                                         center=bool(center), **search_kw).fit(keys)
+    dist, ind, tau = knn.kneighbors(None if same else copy(Q)[0], return_alignments=True)
     tau[..., 1:3] *= scale  # shifts on the denoised copy's pixels, in the input's
-    return ind, tau
+    return dist, ind, tau
+
+
+def _cross_ctf_neighbors(cross, k, pca, **search_kw):
+    """:func:`_aligned_neighbors` of phase-flipped images compared across CTF groups: for each
+    pair of groups ``(g, h)``, the images of ``g`` filtered by ``filters[g, h]`` are searched
+    among those of ``h`` filtered by ``filters[h, g]`` (:func:`~invariant_cluster.ctf.
+    cross_ctf_filters`), and each image keeps the ``k`` nearest of all its groups' lists.
+    ``cross``: ``(flipped, groups, filters, rotation_center)``, the phase-flipped images
+    ``(n, 1, H, W)`` before the rotation centre's padding, each one's group, the filters."""
+    flipped, groups, filters, rc = cross
+    n, (h, w) = flipped.shape[0], flipped.shape[-2:]
+    spectra = torch.fft.rfft2(flipped[:, 0])
+    n_groups = filters.shape[0]
+    dist = np.full((n, n_groups * k), np.inf)
+    ind = np.zeros((n, n_groups * k), dtype=np.int64)
+    tau = None
+    members = [np.flatnonzero(groups == g) for g in range(n_groups)]
+
+    def filtered(rows, filt):
+        rows = torch.as_tensor(rows, device=spectra.device)
+        return pad_for_centre(torch.fft.irfft2(spectra[rows] * filt, s=(h, w))[:, None], rc)
+
+    for g, q in enumerate(members):
+        for g2, keys in enumerate(members):
+            kk = min(k, len(keys) - int(g == g2))
+            if len(q) == 0 or kk < 1:
+                continue
+            K = filtered(keys, filters[g2, g])
+            Q = K if g == g2 else filtered(q, filters[g, g2])
+            d, i, t = _search_copies(Q, K, g == g2, kk, pca, tuple(K.shape[1:]), **search_kw)
+            if tau is None:
+                tau = np.zeros((n, n_groups * k, t.shape[-1]), dtype=t.dtype)
+            cols = slice(g2 * k, g2 * k + kk)
+            dist[q, cols], ind[q, cols], tau[q, cols] = d, keys[i], t
+    order = np.argsort(dist, axis=1, kind="stable")[:, :k]
+    return (np.take_along_axis(ind, order, 1),
+            np.take_along_axis(tau, order[..., None], 1))
 
 
 def _one_step_average(Xt, ind, tau, batch_size=None):

@@ -12,6 +12,8 @@ from invariant_cluster import aligned_neighbors, class_averages, warp_se2
 from invariant_cluster.ctf import (
     CTF,
     apply_ctf,
+    cross_ctf_filters,
+    ctf_groups,
     ctf_images,
     phase_flip,
     read_star,
@@ -298,6 +300,92 @@ class TestClassAverages:
             class_averages(np.stack([y, y], 1), n_neighbors=3, snr="auto", device="cpu")
         with pytest.raises(TypeError, match="snr"):
             class_averages(y, n_neighbors=3, snr="high", device="cpu")
+
+
+class TestCrossCTF:
+    """The search across CTF groups: images of one projection under two defocus values
+    filtered to the same image (an independent float64 formula), and the neighbours that
+    phase flipping alone gets wrong."""
+
+    KW = dict(voltage=200.0, spherical_aberration=2.0, pixel_size=5.0)
+
+    def test_distinct_ctfs_are_the_groups(self):
+        df = np.array([20000.0, 15000.0, 20000.0, 17000.0, 15000.0, 17000.0])
+        labels, rep = ctf_groups(CTF(df, **self.KW))
+        np.testing.assert_array_equal(labels, [2, 0, 2, 1, 0, 1])  # in defocus order
+        np.testing.assert_array_equal(rep.defocus_u, [15000.0, 17000.0, 20000.0])
+        np.testing.assert_array_equal(rep.voltage, 200.0)
+
+    def test_more_ctfs_are_cut_at_quantiles(self):
+        rng = np.random.default_rng(0)
+        du = rng.uniform(10000.0, 30000.0, 40)
+        dv = du - rng.uniform(0.0, 2000.0, 40)
+        ctf = CTF(du, dv, rng.uniform(-90, 90, 40), **self.KW)
+        labels, rep = ctf_groups(ctf, 4)
+        mean = (du + dv) / 2
+        assert np.bincount(labels).tolist() == [10, 10, 10, 10]
+        for g in range(3):  # contiguous, disjoint ranges in defocus order
+            assert mean[labels == g].max() < mean[labels == g + 1].min()
+        for g in range(4):  # the median member, its astigmatism removed
+            members = np.sort(mean[labels == g])
+            assert rep.defocus_u[g] == rep.defocus_v[g] == members[(len(members) - 1) // 2]
+        np.testing.assert_array_equal(rep.defocus_angle, 0.0)
+        # equal values stay in one group
+        same = np.r_[np.full(10, 15000.0), [16000.0, 17000.0, 18000.0, 19000.0]]
+        labels, _ = ctf_groups(CTF(same, **self.KW), 4)
+        assert len(set(labels[:10])) == 1
+
+    def test_filters_make_the_copies_equal(self):
+        L, eps = 32, 1e-3
+        p = projection(L, seed=2)
+        ctf = CTF([12000.0, 24000.0], **self.KW)
+        f = cross_ctf_filters(ctf, (L, L)).numpy()
+        # against RELION's formula in float64 (the half grid of rfft2)
+        C = [reference_ctf(L, L, du=d, dv=d, angle_deg=0.0, kv=200.0, cs_mm=2.0, amp=0.1,
+                           px=5.0)[:, :L // 2 + 1] for d in (12000.0, 24000.0)]
+        for g in range(2):
+            for h in range(2):
+                want = np.abs(C[h]) / np.sqrt(C[g] ** 2 + C[h] ** 2 + eps)
+                np.testing.assert_allclose(f[g, h], want, atol=1e-6)
+        flipped = phase_flip(apply_ctf(np.stack([p, p]), ctf), ctf)
+        a, b = (np.fft.irfft2(np.fft.rfft2(flipped[i]) * f[i, 1 - i], s=(L, L)) for i in (0, 1))
+        np.testing.assert_allclose(a, b, atol=1e-10 * np.abs(p).max())
+        assert np.abs(flipped[0] - flipped[1]).max() > 0.1 * np.abs(p).max()
+
+    @pytest.mark.parametrize("refine", [False, True])
+    def test_neighbours_across_defocus(self, refine):
+        # two close views, 8 quarter-turned copies each, half at 1 um and half at 2.5 um
+        a = projection(33, seed=0, border=3)
+        views = [a, a + 0.3 * projection(33, seed=1, border=3)]
+        clean = np.stack([np.rot90(v, c % 4) for v in views for c in range(8)])
+        label = np.repeat([0, 1], 8)
+        ctf = CTF(np.tile(np.repeat([10000.0, 25000.0], 4), 2), **self.KW)
+        y = apply_ctf(clean, ctf).astype(np.float32)
+        kw = dict(n_neighbors=7, ctf=ctf, n_rotations=4, refine=refine, device="cpu")
+        ind, tau = aligned_neighbors(y, **kw)
+        assert (label[ind] == label[:, None]).all()
+        # the alignments still map each neighbour onto its image (quarter turns)
+        for i in range(len(y)):
+            for j, t in zip(ind[i], tau[i]):
+                warped = warp_se2(clean[j][None].astype(np.float32), t[None])[0]
+                np.testing.assert_allclose(warped, clean[i], atol=1e-4)
+        # phase flipping alone pairs the images of one defocus
+        ind1, _ = aligned_neighbors(y, ctf_groups=1, **kw)
+        assert (label[ind1] == label[:, None]).mean() < 0.6
+        # the averages of class_averages follow the same search
+        avg = class_averages(y, snr=1e6, **kw)
+        assert np.abs(avg - clean).max() < 1e-3 * np.abs(clean).max()
+
+    @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])
+    def test_bad_ctf_groups(self, bad):
+        y = np.zeros((4, 9, 9), np.float32)
+        ctf = CTF(np.full(4, 15000.0), **self.KW)
+        with pytest.raises(ValueError, match="ctf_groups"):
+            aligned_neighbors(y, n_neighbors=2, ctf=ctf, ctf_groups=bad, device="cpu")
+        with pytest.raises(ValueError, match="ctf_groups"):
+            class_averages(y, n_neighbors=2, ctf=ctf, ctf_groups=bad, device="cpu")
+        with pytest.raises(ValueError, match="ctf_groups"):
+            ctf_groups(ctf, bad)
 
 
 class TestCTFParameters:
