@@ -448,7 +448,7 @@ def _components_kept(den, X, ctf):
 def ours_ctf_part(data, args):
     """Ours on the full images against ASPIRE's Cov2D and RIRClass2D (the CTF suite)."""
     from invariant_cluster import DihedralPCA, RadialWiener, SteerableWiener, class_averages
-    from invariant_cluster.ctf import CTF, spectral_snr, wiener_filter
+    from invariant_cluster.ctf import CTF, CTF_GROUPS, spectral_snr, wiener_filter
     from invariant_cluster.denoise import estimate_noise_std
     from invariant_cluster.steerable import steerable_class_averages
 
@@ -518,24 +518,32 @@ def ours_ctf_part(data, args):
     # measured ("auto") or the true SNR given (as Cov2D is given the true noise variance)
     # the last: as many directions as stand above the noise (n_components="auto"), on a
     # 32 x 32 copy
+    # with a CTF, the search across CTF groups (the default ctf_groups) and, for the before /
+    # after in the same run, on the phase-flipped images alone (ctf_groups=1)
     pca = (args.pca_components, args.pca_size)
-    variants = [("fourier", "auto", pca), ("fourier", snr if has_ctf else None, pca),
-                ("geometric", "auto" if has_ctf else None, pca),
-                ("fourier", "auto", ("auto", 32))]
-    for centre, wiener, (comps, size) in variants:
+    variants = [("fourier", "auto", pca, CTF_GROUPS),
+                ("fourier", snr if has_ctf else None, pca, CTF_GROUPS),
+                ("geometric", "auto" if has_ctf else None, pca, CTF_GROUPS),
+                ("fourier", "auto", ("auto", 32), CTF_GROUPS)]
+    if has_ctf:
+        variants += [("fourier", "auto", pca, 1)] + [("fourier", "auto", ("auto", 32), g)
+                                                     for g in (1, 2, 8)]
+    for centre, wiener, (comps, size), groups in variants:
         if centre not in args.centres:
             continue
         t0 = time.perf_counter()
         den = DihedralPCA(comps, output_size=size)
         avg, ind, tau = class_averages(
             X, n_neighbors=args.k, n_rotations=72, reflection=True, refine=args.refine,
-            ctf=ctf, snr=wiener, rotation_center=centre, return_alignments=True, device="cpu",
-            denoise=den, max_translation=shift, center=shift > 0)
+            ctf=ctf, ctf_groups=groups, snr=wiener, rotation_center=centre,
+            return_alignments=True, device="cpu", denoise=den, max_translation=shift,
+            center=shift > 0)
         seconds = time.perf_counter() - t0
         row(f"ours: class_averages(72 angles, mirrors, DihedralPCA({comps!r}, "
             f"output_size={size}), rotation_center={centre!r}"
             f"{f', max_translation={shift:g}, center=True' if shift > 0 else ''}"
-            f"{', ctf' if has_ctf else ''}, snr={wiener!r}), k={args.k}", avg,
+            f"{f', ctf, ctf_groups={groups}' if has_ctf else ''}, snr={wiener!r}), "
+            f"k={args.k}", avg,
             **neighbour_scores(rots, ind, tau[..., 3].astype(bool)), seconds=seconds,
             **({"n_components": _components_kept(den, X, ctf)} if comps == "auto" else {}))
         if not has_ctf and wiener is None and centre == "fourier":

@@ -485,7 +485,9 @@ def _cryoem_ctf_kind(method):
         snr = method.rsplit("snr=", 1)[1].split(")")[0]
         kind = {"'auto'": "auto", "None": "plain"}.get(snr, "true")
         pca = "_pcaauto" if "DihedralPCA('auto'" in method else ""
-        return f"ours_{centre}_{kind}{pca}"
+        # phase-flipped images alone: ctf_groups=1 (rows from before the groups: no mention)
+        flip = "_flip" if "ctf_groups=1," in method else ""
+        return f"ours_{centre}_{kind}{pca}{flip}"
     return method
 
 
@@ -519,7 +521,8 @@ def table_cryoem_ctf(r):
         nbr.append(label + [get(c, "rir", "nbr10"), get(c, "ours_fourier_auto", "nbr10"),
                             get(c, "ours_geometric_auto", "nbr10")
                             or get(c, "ours_geometric_plain", "nbr10"),
-                            get(c, auto, "nbr10"), get(c, auto, "n_components", 0),
+                            get(c, auto, "nbr10"), get(c, auto + "_flip", "nbr10") or "–",
+                            get(c, auto, "n_components", 0),
                             get(c, "cov2d", "seconds", 1), get(c, "rir", "seconds_neighbors", 1),
                             get(c, "ours_fourier_auto", "seconds", 1), get(c, auto, "seconds", 1)])
     if not avg:
@@ -532,10 +535,11 @@ def table_cryoem_ctf(r):
                    "ours: steerable_class_averages (risk-weighted blend)",
                    "rel. MSE Cov2D", "rel. MSE ours (auto)"], avg, ["l", "l"] + ["r"] * 12)
     t2 = md_table(["SNR", "CTF", "ASPIRE RIRClass2D", "ours, rotation_center='fourier'",
-                   "ours, 'geometric'", "ours, DihedralPCA('auto', 32)", "its components",
+                   "ours, 'geometric'", "ours, DihedralPCA('auto', 32)",
+                   "the same, phase-flipped images alone (ctf_groups=1)", "its components",
                    "s Cov2D", "s RIRClass2D", "s ours (search + averages)",
                    "s ours, DihedralPCA('auto', 32)"],
-                  nbr, ["l", "l"] + ["r"] * 9)
+                  nbr, ["l", "l"] + ["r"] * 10)
     return ("Median correlation / detail correlation (the mean projection removed from both) "
             "with the projection without CTF, and the median relative squared error. Ours "
             "search on DihedralPCA(40, output_size=24) unless named:\n\n"
@@ -635,8 +639,11 @@ def _cryoem_ctf_at_snr1(r, peer):
     """Our class averages' row and the ASPIRE ``peer``'s row at SNR 1 with a CTF."""
     rows = r["rows"]
     m = "ours: class_averages(72 angles, mirrors, DihedralPCA('auto', output_size=32), "
-    ours = _row(rows, snr=1.0, ctf=True,
-                method=m + "rotation_center='fourier', ctf, snr='auto'), k=10")
+    # the default search: across CTF groups (not ctf_groups=1), or rows from before them
+    ours = next(x for x in rows if x["snr"] == 1.0 and x["ctf"]
+                and x["method"].startswith(m + "rotation_center='fourier', ctf")
+                and x["method"].endswith(", snr='auto'), k=10")
+                and "ctf_groups=1," not in x["method"])
     theirs = next(x for x in rows if x["snr"] == 1.0 and x["ctf"]
                   and x["method"].startswith(peer))
     return ours, theirs

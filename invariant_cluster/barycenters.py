@@ -117,10 +117,20 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
     ctf : invariant_cluster.ctf.CTF, optional
         Each image's contrast transfer function (single-channel images; from a RELION STAR
         file: :func:`invariant_cluster.ctf.read_star`). The search then runs on the
-        phase-flipped images, and each average is the Wiener estimate
+        phase-flipped images compared across CTF groups (``ctf_groups``), and each average is
+        the Wiener estimate
         ``sum_j C_j F(y_j) / (sum_j C_j^2 + 1 / snr_k)`` of the aligned images, ``C_j`` the CTF of
         image ``j`` turned with its alignment (:func:`invariant_cluster.ctf.wiener_average`),
         ``snr`` per frequency: an estimate of the projection without CTF.
+    ctf_groups : int, default=4
+        With ``ctf``: the images are put in at most this many groups of similar defocus
+        (:func:`invariant_cluster.ctf.ctf_groups`), and the images of two groups ``g`` and
+        ``h`` are compared filtered by ``|C_h|`` and ``|C_g|`` respectively (whitened,
+        :func:`invariant_cluster.ctf.cross_ctf_filters`), so that two images of one view under
+        different defoci match; phase-flipped images alone differ there by ``(|C_g| - |C_h|)
+        p``, and the search prefers images of the image's own defocus. 1: the phase-flipped
+        images alone. Each pair of groups is one search: the cost grows with the number of
+        groups at small sizes (``benchmarks/results/cryoem_ctf.json``).
     snr : None, "auto" or float, default=None
         The Wiener term of the averages (``labels=None`` and given: single-channel images):
         with the images' power spectrum, the noise measured on them (``"auto"``) or one image's
@@ -332,7 +342,10 @@ image_shape, device, batch_size
         of a noisy image is itself noisy: on centred images at SNR 1/4 it lowered that share
         from 0.21 to 0.14.
     ctf : invariant_cluster.ctf.CTF, optional
-        Each image's CTF: the search runs on the phase-flipped images.
+        Each image's CTF: the search runs on the phase-flipped images, compared across CTF
+        groups.
+    ctf_groups : int, default=4
+        As in :func:`class_averages`.
     rotation_center : {"auto", "geometric", "fourier"}, default="auto"
         As in :func:`class_averages` (``"auto"``: ``"fourier"`` with ``ctf``, else
         ``"geometric"``); the alignments follow it.

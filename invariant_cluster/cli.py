@@ -261,9 +261,10 @@ picked off-centre. On noisy particles this finds far better neighbours than the 
 the README's cryo-EM benchmark).
 
 With --star particles.star (RELION's, one row per image): the search runs on phase-flipped
-images and the averages are CTF-corrected (Wiener, --snr), estimates of the projections without
-the CTF. Without --one-step, class_averages.mrcs then holds one average per class (RELION's 2D
-classes) instead of one per image. Rotations and mirrors are about pixel (W//2, H//2) for MRC
+images, compared across --ctf-groups groups of similar defocus, and the averages are
+CTF-corrected (Wiener, --snr), estimates of the projections without the CTF. Without
+--one-step, class_averages.mrcs then holds one average per class (RELION's 2D classes) instead
+of one per image. Rotations and mirrors are about pixel (W//2, H//2) for MRC
 stacks and with --star (--rotation-center).
 
 Output (in --out):

@@ -23,7 +23,10 @@ Averages
 Images ``y_i = IFFT(C_i F(p)) + noise`` of one projection ``p`` are combined as the Wiener
 estimate ``sum_i C_i F(y_i) / (sum_i C_i^2 + 1 / snr)`` (:func:`wiener_average`), which estimates
 ``p`` itself, without the CTF. The search for neighbours runs on phase-flipped images
-(:func:`phase_flip`, ``F(y_i) sign(C_i)``), whose low frequencies all have the projection's sign.
+(:func:`phase_flip`, ``F(y_i) sign(C_i)``), whose low frequencies all have the projection's sign,
+compared across groups of similar defocus (:func:`ctf_groups`): an image of group ``g`` and one
+of group ``h`` are filtered by ``|C_h|`` and ``|C_g|`` (:func:`cross_ctf_filters`), which makes
+two images of one projection equal whatever their defoci.
 """
 
 from __future__ import annotations
@@ -399,6 +402,15 @@ def cross_ctf_filters(representatives, shape, *, dtype=torch.float64, device="cp
     ``(|C_g| - |C_h|) p``. White noise of variance ``s^2`` in both images leaves their
     difference white, of variance ``s^2 (C_g^2 + C_h^2) / (C_g^2 + C_h^2 + eps)``, so that
     distances between groups compare with distances within one.
+
+    Parameters
+    ----------
+    representatives : CTF
+        One radial CTF per group (:func:`ctf_groups`).
+    shape : (int, int)
+        ``(H, W)``.
+    dtype, device
+        Of the filters.
     """
     C = ctf_images(representatives, shape, dtype=dtype, device=device, half=True).abs()
     denom = torch.sqrt(C[:, None] ** 2 + C[None, :] ** 2 + _CROSS_EPS)
