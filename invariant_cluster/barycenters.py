@@ -13,6 +13,7 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted
 
+from ._estimator import shift_params
 from ._heap import reusing_heap
 from ._means import invariant_mean, invariant_mean_tensor
 from ._utils import resolve_device
@@ -32,8 +33,10 @@ from .denoise import DihedralPCA
 from .kneighbors import InvariantKNeighborsTransformer
 from .neighbors import aligned_weighted_sum
 from .search import make_search_grid
+from .search.descriptors import centred_images
 from .transforms import (
     check_rotation_center,
+    compose_se2,
     fast_warp,
     pad_for_centre,
 )
@@ -404,33 +407,55 @@ def _aligned_neighbors(Xt, shape, n_neighbors, *, denoise, center, device, max_t
     return ind, tau
 
 
-def _search_copies(Q, K, same, k, pca, shape, *, center, device, max_translation, **search_kw):
+def _search_copies(Q, K, same, k, pca, shape, *, center, device, max_translation, offsets=None,
+                   **search_kw):
     """``(dist, ind, tau)`` of the ``k`` invariant nearest images of ``K`` ``(m, C, H, W)`` to
     each of ``Q`` (``same``: ``Q`` is ``K``, each image not its own neighbour), searched on
-    their ``pca`` copies (None: as they are); shifts in the pixels of the images given."""
-    def copy(Y):
+    their ``pca`` copies (None: as they are); shifts in the pixels of the images given.
+    ``offsets``: ``(d_q, d_k)``, each copy's centring offsets ``(dx, dy)`` in the search's
+    pixels, applied instead of ``center``'s own (the alignments still map the images given)."""
+    def copy(Y, d):
         if pca is None:
-            return Y.reshape(Y.shape[0], -1).cpu().numpy(), shape, 1.0
-        return pca.transform(Y.cpu().numpy()), pca.image_shape_out_, pca.scale_
+            flat, out_shape = Y.reshape(Y.shape[0], -1).cpu().numpy(), shape
+        else:
+            flat, out_shape = pca.transform(Y.cpu().numpy()), pca.image_shape_out_
+        if d is not None:
+            Z = torch.as_tensor(flat).reshape(-1, *out_shape)
+            params = torch.cat([torch.zeros_like(Z[:, 0, 0, :1]),
+                                -torch.as_tensor(d, dtype=Z.dtype)], 1)
+            with torch.no_grad():
+                flat = fast_warp(Z, params).reshape(flat.shape).numpy()
+        return flat, out_shape
 
-    keys, search_shape, scale = copy(K)
+    d_q, d_k = (None, None) if offsets is None else offsets
+    keys, search_shape = copy(K, d_k)
+    scale = 1.0 if pca is None else pca.scale_
     # with center, the transformer centres the search images and gives alignments of them
     # as given (uncentred)
     knn = InvariantKNeighborsTransformer(n_neighbors=k, max_translation=max_translation / scale,
                                          image_shape=search_shape, device=device,
-                                         center=bool(center), **search_kw).fit(keys)
-    dist, ind, tau = knn.kneighbors(None if same else copy(Q)[0], return_alignments=True)
+                                         center=bool(center) and offsets is None,
+                                         **search_kw).fit(keys)
+    dist, ind, tau = knn.kneighbors(None if same else copy(Q, d_q)[0], return_alignments=True)
+    if offsets is not None:
+        # T_(0, d_i) T_tau T_(0, -d_j), as the transformer composes its own centring
+        to_i = shift_params(d_q)[:, None]
+        from_j = shift_params(-np.asarray(d_k))[ind]
+        tau = compose_se2(np.broadcast_to(to_i, from_j.shape),
+                          compose_se2(tau, from_j))[..., :tau.shape[-1]]
     tau[..., 1:3] *= scale  # shifts on the denoised copy's pixels, in the input's
     return dist, ind, tau
 
 
-def _cross_ctf_neighbors(cross, k, pca, **search_kw):
+def _cross_ctf_neighbors(cross, k, pca, *, center, **search_kw):
     """:func:`_aligned_neighbors` of phase-flipped images compared across CTF groups: for each
     pair of groups ``(g, h)``, the images of ``g`` filtered by ``filters[g, h]`` are searched
     among those of ``h`` filtered by ``filters[h, g]`` (:func:`~invariant_cluster.ctf.
     cross_ctf_filters`), and each image keeps the ``k`` nearest of all its groups' lists.
     ``cross``: ``(flipped, groups, filters, rotation_center)``, the phase-flipped images
-    ``(n, 1, H, W)`` before the rotation centre's padding, each one's group, the filters."""
+    ``(n, 1, H, W)`` before the rotation centre's padding, each one's group, the filters.
+    With ``center``, each image is centred by the centre of mass of its phase-flipped copy,
+    the same in every pair of groups (a filtered copy's own centre depends on the filter)."""
     flipped, groups, filters, rc = cross
     n, (h, w) = flipped.shape[0], flipped.shape[-2:]
     spectra = torch.fft.rfft2(flipped[:, 0])
@@ -439,6 +464,13 @@ def _cross_ctf_neighbors(cross, k, pca, **search_kw):
     ind = np.zeros((n, n_groups * k), dtype=np.int64)
     tau = None
     members = [np.flatnonzero(groups == g) for g in range(n_groups)]
+    padded = pad_for_centre(flipped, rc)
+    shape = tuple(padded.shape[1:])
+    d = None
+    if center:
+        base = (padded.reshape(n, -1).cpu().numpy() if pca is None
+                else pca.transform(padded.cpu().numpy()))
+        d = centred_images(base, shape if pca is None else pca.image_shape_out_)[1]
 
     def filtered(rows, filt):
         rows = torch.as_tensor(rows, device=spectra.device)
@@ -451,11 +483,13 @@ def _cross_ctf_neighbors(cross, k, pca, **search_kw):
                 continue
             K = filtered(keys, filters[g2, g])
             Q = K if g == g2 else filtered(q, filters[g, g2])
-            d, i, t = _search_copies(Q, K, g == g2, kk, pca, tuple(K.shape[1:]), **search_kw)
+            dd, i, t = _search_copies(Q, K, g == g2, kk, pca, shape, center=False,
+                                      offsets=None if d is None else (d[q], d[keys]),
+                                      **search_kw)
             if tau is None:
                 tau = np.zeros((n, n_groups * k, t.shape[-1]), dtype=t.dtype)
             cols = slice(g2 * k, g2 * k + kk)
-            dist[q, cols], ind[q, cols], tau[q, cols] = d, keys[i], t
+            dist[q, cols], ind[q, cols], tau[q, cols] = dd, keys[i], t
     order = np.argsort(dist, axis=1, kind="stable")[:, :k]
     return (np.take_along_axis(ind, order, 1),
             np.take_along_axis(tau, order[..., None], 1))

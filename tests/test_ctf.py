@@ -376,6 +376,27 @@ class TestCrossCTF:
         avg = class_averages(y, snr=1e6, **kw)
         assert np.abs(avg - clean).max() < 1e-3 * np.abs(clean).max()
 
+    def test_centred_across_defocus(self):
+        # the same with copies shifted by up to 2 px and centre=True: each image is centred
+        # once (by its phase-flipped copy), and the alignments still map the images given
+        a = projection(33, seed=0, border=4)
+        views = [a, a + 0.3 * projection(33, seed=1, border=4)]
+        shifts = np.random.default_rng(0).integers(-2, 3, (16, 2))
+        clean = np.stack([np.roll(np.rot90(v, c % 4), tuple(shifts[8 * i + c]), axis=(0, 1))
+                          for i, v in enumerate(views) for c in range(8)])
+        label = np.repeat([0, 1], 8)
+        ctf = CTF(np.tile(np.repeat([10000.0, 25000.0], 4), 2), **self.KW)
+        y = apply_ctf(clean, ctf).astype(np.float32)
+        kw = dict(n_neighbors=7, ctf=ctf, n_rotations=4, max_translation=1, center=True,
+                  device="cpu")
+        ind, tau = aligned_neighbors(y, **kw)
+        assert (label[ind] == label[:, None]).all()
+        err = max(np.abs(warp_se2(clean[j][None].astype(np.float32), t[None])[0] - clean[i]).max()
+                  for i in range(len(y)) for j, t in zip(ind[i], tau[i]))
+        assert err < 0.02 * np.abs(clean).max()
+        ind1, _ = aligned_neighbors(y, ctf_groups=1, **kw)
+        assert (label[ind1] == label[:, None]).mean() < 0.6
+
     @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])
     def test_bad_ctf_groups(self, bad):
         y = np.zeros((4, 9, 9), np.float32)
