@@ -87,8 +87,11 @@ The CTF suite (``--suite ctf``, ``benchmarks/results/cryoem_ctf.json``) compares
   noise variance; no alignment), and ``RIRClass2D``'s neighbours (on ASPIRE's phase-flipped
   images when there is a CTF);
 - ours: ``class_averages`` (72 angles, mirrors, the search on ``DihedralPCA(40,
-  output_size=24)``, ``rotation_center="fourier"``, and ``"geometric"`` for comparison), each
-  image's one-step average of k = 10 neighbours: the Wiener estimate with the noise measured
+  output_size=24)``, ``rotation_center="fourier"``, and ``"geometric"`` for comparison; with a
+  CTF the images compared across the default number of CTF groups, ``ctf_groups``, and for
+  the before / after on the phase-flipped images alone, ``ctf_groups=1``, with 2 and 8 groups
+  on ``DihedralPCA("auto", output_size=32)``), each image's one-step average of k = 10
+  neighbours: the Wiener estimate with the noise measured
   (``snr="auto"``; CTF-corrected when there is a CTF), with the true SNR (with CTF), or the
   plain mean (without); and our filter alone as a control (``RadialWiener``
   without CTF, ``ctf.wiener_filter`` with ``ctf.spectral_snr`` with it). ASPIRE's images have
