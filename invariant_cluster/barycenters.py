@@ -21,6 +21,7 @@ from .alignment import to_images
 from .ctf import (
     CTF_GROUPS,
     _check_ctf,
+    _check_max_groups,
     _check_snr,
     cross_ctf_filters,
     ctf_groups,
@@ -33,7 +34,7 @@ from .denoise import DihedralPCA
 from .kneighbors import InvariantKNeighborsTransformer
 from .neighbors import aligned_weighted_sum
 from .search import make_search_grid
-from .search.descriptors import centred_images
+from .search.descriptors import centred_images, shifted_images
 from .transforms import (
     check_rotation_center,
     compose_se2,
@@ -264,12 +265,10 @@ def _cross_ctf(Xs, ctf, max_groups, rotation_center):
     """The search's comparison across CTF groups for the phase-flipped images ``Xs``
     ``(n, 1, H, W)`` (see :func:`_cross_ctf_neighbors`), or None: no ``ctf``, or one group
     (``max_groups`` checked either way)."""
-    if isinstance(max_groups, bool) or not isinstance(max_groups, numbers.Integral) \
-            or max_groups < 1:
-        raise ValueError(f"ctf_groups: expected a positive int, got {max_groups!r}")
+    max_groups = _check_max_groups(max_groups)
     if ctf is None:
         return None
-    groups, representatives = ctf_groups(ctf, int(max_groups))
+    groups, representatives = ctf_groups(ctf, max_groups)
     if len(representatives) == 1:
         return None
     filters = cross_ctf_filters(representatives, tuple(Xs.shape[-2:]), dtype=Xs.dtype,
@@ -400,8 +399,8 @@ def _aligned_neighbors(Xt, shape, n_neighbors, *, denoise, center, device, max_t
         raise TypeError(f"center: expected a bool, got {type(center).__name__}")
     pca = None if denoise is None else _fitted_denoiser(denoise, Xt)
     if cross is not None:
-        return _cross_ctf_neighbors(cross, int(n_neighbors), pca, center=center, device=device,
-                                    max_translation=max_translation, **search_kw)
+        return _cross_ctf_neighbors(cross, Xt, int(n_neighbors), pca, center=center,
+                                    device=device, max_translation=max_translation, **search_kw)
     _, ind, tau = _search_copies(Xt, Xt, True, int(n_neighbors), pca, shape, center=center,
                                  device=device, max_translation=max_translation, **search_kw)
     return ind, tau
@@ -420,11 +419,7 @@ def _search_copies(Q, K, same, k, pca, shape, *, center, device, max_translation
         else:
             flat, out_shape = pca.transform(Y.cpu().numpy()), pca.image_shape_out_
         if d is not None:
-            Z = torch.as_tensor(flat).reshape(-1, *out_shape)
-            params = torch.cat([torch.zeros_like(Z[:, 0, 0, :1]),
-                                -torch.as_tensor(d, dtype=Z.dtype)], 1)
-            with torch.no_grad():
-                flat = fast_warp(Z, params).reshape(flat.shape).numpy()
+            flat = shifted_images(flat, out_shape, d)
         return flat, out_shape
 
     d_q, d_k = (None, None) if offsets is None else offsets
@@ -447,15 +442,16 @@ def _search_copies(Q, K, same, k, pca, shape, *, center, device, max_translation
     return dist, ind, tau
 
 
-def _cross_ctf_neighbors(cross, k, pca, *, center, **search_kw):
+def _cross_ctf_neighbors(cross, padded, k, pca, *, center, **search_kw):
     """:func:`_aligned_neighbors` of phase-flipped images compared across CTF groups: for each
     pair of groups ``(g, h)``, the images of ``g`` filtered by ``filters[g, h]`` are searched
     among those of ``h`` filtered by ``filters[h, g]`` (:func:`~invariant_cluster.ctf.
     cross_ctf_filters`), and each image keeps the ``k`` nearest of all its groups' lists.
     ``cross``: ``(flipped, groups, filters, rotation_center)``, the phase-flipped images
-    ``(n, 1, H, W)`` before the rotation centre's padding, each one's group, the filters.
-    With ``center``, each image is centred by the centre of mass of its phase-flipped copy,
-    the same in every pair of groups (a filtered copy's own centre depends on the filter)."""
+    ``(n, 1, H, W)`` before the rotation centre's padding, each one's group, the filters;
+    ``padded``: the same images padded (the search's frame). With ``center``, each image is
+    centred by the centre of mass of its phase-flipped copy, the same in every pair of groups
+    (a filtered copy's own centre depends on the filter)."""
     flipped, groups, filters, rc = cross
     n, (h, w) = flipped.shape[0], flipped.shape[-2:]
     spectra = torch.fft.rfft2(flipped[:, 0])
@@ -464,7 +460,6 @@ def _cross_ctf_neighbors(cross, k, pca, *, center, **search_kw):
     ind = np.zeros((n, n_groups * k), dtype=np.int64)
     tau = None
     members = [np.flatnonzero(groups == g) for g in range(n_groups)]
-    padded = pad_for_centre(flipped, rc)
     shape = tuple(padded.shape[1:])
     d = None
     if center:

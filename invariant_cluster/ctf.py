@@ -357,9 +357,7 @@ def ctf_groups(ctf, max_groups: int = CTF_GROUPS):
         ``G`` radial CTFs, one per group.
     """
     ctf = _check_ctf(ctf)
-    if isinstance(max_groups, bool) or not isinstance(max_groups, numbers.Integral) \
-            or max_groups < 1:
-        raise ValueError(f"ctf_groups: expected a positive int, got {max_groups!r}")
+    max_groups = _check_max_groups(max_groups)
     n = len(ctf)
     mean = (ctf.defocus_u + ctf.defocus_v) / 2.0
     rows = np.stack([getattr(ctf, f.name) for f in fields(ctf)], axis=1)
@@ -388,6 +386,14 @@ def ctf_groups(ctf, max_groups: int = CTF_GROUPS):
     rep["defocus_u"] = rep["defocus_v"] = mean[median]
     rep["defocus_angle"] = np.zeros(n_groups)
     return labels, CTF(**rep)
+
+
+def _check_max_groups(max_groups) -> int:
+    """``ctf_groups``' value as an int, or a ``ValueError`` naming it."""
+    if isinstance(max_groups, bool) or not isinstance(max_groups, numbers.Integral) \
+            or max_groups < 1:
+        raise ValueError(f"ctf_groups: expected a positive int, got {max_groups!r}")
+    return int(max_groups)
 
 
 def cross_ctf_filters(representatives, shape, *, dtype=torch.float64, device="cpu"):

@@ -75,10 +75,18 @@ def centred_images(flat: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
     Z = torch.as_tensor(flat).reshape(-1, *shape)
     h, w = shape[-2:]
     d = _centres(Z, "mass") - torch.tensor(image_centre(h, w), dtype=Z.dtype)
+    return shifted_images(flat, shape, d), d.double().numpy()
+
+
+def shifted_images(flat: np.ndarray, shape, offsets) -> np.ndarray:
+    """Images (flat rows of ``shape`` ``(C, H, W)``) each moved by minus its offset ``(dx, dy)``
+    (``offsets`` ``(n, 2)``): :func:`centred_images` with the offsets given."""
+    Z = torch.as_tensor(flat).reshape(-1, *shape)
+    d = torch.as_tensor(offsets, dtype=Z.dtype)
     params = torch.cat([torch.zeros_like(d[:, :1]), -d], 1)
     with torch.no_grad():
         out = fast_warp(Z, params)
-    return out.reshape(flat.shape).numpy(), d.double().numpy()
+    return out.reshape(flat.shape).numpy()
 
 
 def border_density(flat: np.ndarray, shape, width: int) -> float:
