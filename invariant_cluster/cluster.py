@@ -35,6 +35,7 @@ from ._duplicates import (
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin, shift_params
 from ._graph import graph_modes
 from ._grouping import (
+    COUNT_RUNS,
     DECIDE_ROWS,
     NOISY_FRACTION,
     group,
@@ -50,6 +51,7 @@ from ._iteration import (  # noqa: F401 - the iteration's names, importable from
     iterate_attention,
     mean_shift,
 )
+from ._leiden import run_workers, start_run_workers
 from ._means import cluster_means
 from ._progress import progress, progress_bar
 from ._threads import thread_limit
@@ -229,7 +231,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         Run the alignment searches block by block on a Dask cluster (identical results).
     n_jobs : int, optional
         Threads for torch and the BLAS/OpenMP pools during ``fit``/``predict``/``transform``
-        (None: as set by ``OMP_NUM_THREADS`` or threadpoolctl; -1: all cores).
+        (None: as set by ``OMP_NUM_THREADS`` or threadpoolctl; -1: all cores). As many worker
+        processes (at most one per run) run the grouping's Leiden runs on graphs of 100,000
+        edges or more, with the same labels as one process.
     random_state : int, RandomState instance or None
         Seeds the grouping (Leiden's optimiser; umap-learn's layout and k-means' starts with
         ``grouping="umap"``).
@@ -468,6 +472,12 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         k = int(min(self.n_neighbors, len(first) - 1))
         t0 = time.perf_counter()
         with thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose):
+            # the grouping's Leiden runs on a large graph go to worker processes: on a card
+            # they start now, while the search runs there (the graph has about n k edges; on
+            # the CPU the search keeps the cores busy, and they start when the runs do)
+            workers = start_run_workers(
+                run_workers(COUNT_RUNS, len(first) * k, torch.get_num_threads())
+                if self.grouping == "leiden" and torch.device(dev).type == "cuda" else 1)
             if filtered:
                 self._filtered(Xu)
                 # in the order of the filtered images' own content, as a fit of them with the
@@ -520,6 +530,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
             release()
             # 4. group: Leiden on the samples' graph or its union with the means' graph
             stage = progress_bar(1, "grouping", "stage")
+            if workers is not None:
+                workers.join()
             labels, Dg = self._group(
                 D, idx, M, grid, k, seed, rho + sigma,
                 count_means=self.n_clusters is None and self._noise_is_material(Xt))
