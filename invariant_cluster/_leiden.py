@@ -6,6 +6,9 @@ for the runs does not import torch.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import numpy as np
 
 # Leiden on the whole graph is igraph's (about 10 times faster than leidenalg's optimiser, the
@@ -66,9 +69,15 @@ def _igraph_graph(graph):
 # least this many edges and more than one CPU thread is allowed (torch's count, which the
 # estimators' n_jobs sets): igraph holds the GIL, so threads would run them one at a time. A
 # worker rebuilds the graph from its edges and runs its share of the seeds; the runs, and so
-# the labels, are those of the serial loop. Below this size a run takes under about 0.1 s and
-# a worker's start would cost more than it saves.
-PARALLEL_RUNS_MIN_EDGES = 100_000
+# the labels, are those of the serial loop. A run costs about 0.7 us an edge on one core of a
+# 2-core machine, and starting two workers about 1.9 s there (10 runs on 110,000 edges: 0.92 s
+# in one process, 2.6 s with the workers' start, 0.68 s with them started), so the runs start
+# workers of their own from 400,000 edges; where the workers were started while the search ran
+# on a card (:func:`leiden_workers`), from 100,000.
+PARALLEL_RUNS_MIN_EDGES = 400_000
+STARTED_RUNS_MIN_EDGES = 100_000
+
+_MIN_EDGES = contextvars.ContextVar("invariant_cluster_leiden_min_edges", default=None)
 
 
 def leiden_worker(edges, resolution, seeds):
@@ -83,43 +92,18 @@ def leiden_worker(edges, resolution, seeds):
     return out
 
 
-def run_workers(n_runs: int, n_edges: int, threads: int) -> int:
+def run_workers(n_runs: int, n_edges: int, threads: int, min_edges=None) -> int:
     """Worker processes for ``n_runs`` Leiden runs on a graph of ``n_edges`` edges: ``threads``
     (torch's thread count, which the estimators' ``n_jobs`` sets), at most one per run, and 1
-    (in the calling process) below ``PARALLEL_RUNS_MIN_EDGES`` edges."""
-    if n_edges < PARALLEL_RUNS_MIN_EDGES:
+    (in the calling process) below ``min_edges`` edges (None: ``STARTED_RUNS_MIN_EDGES`` within
+    :func:`leiden_workers` that started workers, else ``PARALLEL_RUNS_MIN_EDGES``)."""
+    if min_edges is None:
+        min_edges = _MIN_EDGES.get()
+        if min_edges is None:
+            min_edges = PARALLEL_RUNS_MIN_EDGES
+    if n_edges < min_edges:
         return 1
     return max(1, min(int(n_runs), int(threads)))
-
-
-
-
-def _graph_edges(graph):
-    """The upper triangle of the symmetric sparse ``graph``: ``(n, rows, cols, weights)``, the
-    edges of :func:`_igraph_graph` in its order."""
-    g = graph.tocoo()
-    upper = g.row < g.col
-    return (int(graph.shape[0]), g.row[upper].astype(np.int64), g.col[upper].astype(np.int64),
-            g.data[upper].astype(np.float64))
-
-
-def _igraph_from_edges(n, rows, cols, weights):
-    """An undirected igraph graph of ``n`` nodes with the given edges, ``weights`` as their
-    "weight"."""
-    import igraph as ig
-
-    # python-igraph reads a list of int pairs about twice as fast as a NumPy array (1.05
-    # million edges: 0.65 s against 1.3 s), with the same edges in the same order
-    net = ig.Graph(n=int(n), edges=list(zip(np.asarray(rows).tolist(),
-                                            np.asarray(cols).tolist())))
-    net.es["weight"] = np.asarray(weights).tolist()
-    return net
-
-
-def _igraph_graph(graph):
-    """The symmetric sparse ``graph`` as an undirected igraph graph, its entries as the edges'
-    "weight"."""
-    return _igraph_from_edges(*_graph_edges(graph))
 
 
 def _worker_ready() -> bool:
@@ -130,10 +114,9 @@ def _worker_ready() -> bool:
 
 
 def start_run_workers(workers: int):
-    """Start ``workers`` worker processes for the Leiden runs in a background thread, so that
-    their start overlaps the search before the grouping (joblib keeps its process pool, and the
-    runs' ``Parallel`` call of the same size reuses it). Returns the thread, to be joined before
-    the runs, or None for one worker."""
+    """Start ``workers`` worker processes for the Leiden runs in a background thread (joblib
+    keeps its process pool, and the runs' ``Parallel`` call of the same size reuses it). Returns
+    the thread, to be joined before the runs, or None for one worker."""
     if workers <= 1:
         return None
     import threading
@@ -151,3 +134,21 @@ def start_run_workers(workers: int):
                               daemon=True)
     thread.start()
     return thread
+
+
+@contextlib.contextmanager
+def leiden_workers(start: bool, n_edges: int, n_runs: int, threads: int):
+    """Within the block, where ``start`` is true and a graph of about ``n_edges`` edges calls
+    for workers (``STARTED_RUNS_MIN_EDGES``), they start now in the background, so that their
+    start overlaps what runs before the grouping (a search on a card, which leaves the CPU
+    cores free), and the runs use them from ``STARTED_RUNS_MIN_EDGES`` edges. Yields the
+    starting thread (join it before the runs) or None."""
+    workers = run_workers(n_runs, n_edges, threads, STARTED_RUNS_MIN_EDGES) if start else 1
+    thread = start_run_workers(workers)
+    token = _MIN_EDGES.set(STARTED_RUNS_MIN_EDGES if thread is not None else None)
+    try:
+        yield thread
+    finally:
+        if thread is not None:
+            thread.join()
+        _MIN_EDGES.reset(token)

@@ -51,7 +51,7 @@ from ._iteration import (  # noqa: F401 - the iteration's names, importable from
     iterate_attention,
     mean_shift,
 )
-from ._leiden import run_workers, start_run_workers
+from ._leiden import leiden_workers
 from ._means import cluster_means
 from ._progress import progress, progress_bar
 from ._threads import thread_limit
@@ -232,8 +232,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
     n_jobs : int, optional
         Threads for torch and the BLAS/OpenMP pools during ``fit``/``predict``/``transform``
         (None: as set by ``OMP_NUM_THREADS`` or threadpoolctl; -1: all cores). As many worker
-        processes (at most one per run) run the grouping's Leiden runs on graphs of 100,000
-        edges or more, with the same labels as one process.
+        processes (at most one per run) run the grouping's Leiden runs on graphs of 400,000
+        edges or more (100,000 on a card, where they start during the search), with the same
+        labels as one process.
     random_state : int, RandomState instance or None
         Seeds the grouping (Leiden's optimiser; umap-learn's layout and k-means' starts with
         ``grouping="umap"``).
@@ -471,13 +472,12 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         filtered = not self.filter_.is_identity
         k = int(min(self.n_neighbors, len(first) - 1))
         t0 = time.perf_counter()
-        with thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose):
-            # the grouping's Leiden runs on a large graph go to worker processes: on a card
-            # they start now, while the search runs there (the graph has about n k edges; on
-            # the CPU the search keeps the cores busy, and they start when the runs do)
-            workers = start_run_workers(
-                run_workers(COUNT_RUNS, len(first) * k, torch.get_num_threads())
-                if self.grouping == "leiden" and torch.device(dev).type == "cuda" else 1)
+        # the grouping's Leiden runs on a large graph go to worker processes: on a card they
+        # start now, while the search runs there (the graph has about n k edges; on the CPU
+        # the search keeps the cores busy, and they start when the runs do)
+        with thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose), \
+                leiden_workers(self.grouping == "leiden" and torch.device(dev).type == "cuda",
+                               len(first) * k, COUNT_RUNS, torch.get_num_threads()) as workers:
             if filtered:
                 self._filtered(Xu)
                 # in the order of the filtered images' own content, as a fit of them with the

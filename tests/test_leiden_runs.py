@@ -64,7 +64,7 @@ def test_graph_edges_round_trip():
     (10, 10 ** 6, 16, 10),   # one worker per run at most
     (10, 10 ** 6, 2, 2),     # the threads allowed
     (10, 10 ** 6, 1, 1),     # one thread: in this process
-    (10, _leiden.PARALLEL_RUNS_MIN_EDGES - 1, 16, 1),  # small graphs stay in this process
+    (10, _leiden.PARALLEL_RUNS_MIN_EDGES - 1, 16, 1),  # smaller graphs stay in this process
     (10, _leiden.PARALLEL_RUNS_MIN_EDGES, 4, 4),
 ])
 def test_run_workers(n_runs, n_edges, threads, expected):
@@ -76,6 +76,25 @@ def test_start_run_workers():
     thread = _leiden.start_run_workers(2)
     thread.join(timeout=120)
     assert not thread.is_alive()
+
+
+def test_leiden_workers_started_lower_the_threshold():
+    # workers started for a fit on a card serve the runs from STARTED_RUNS_MIN_EDGES edges;
+    # outside the block, and where none were started, the runs start their own from
+    # PARALLEL_RUNS_MIN_EDGES
+    mid = (_leiden.STARTED_RUNS_MIN_EDGES + _leiden.PARALLEL_RUNS_MIN_EDGES) // 2
+    assert _leiden.run_workers(10, mid, 2) == 1
+    with _leiden.leiden_workers(True, mid, 10, 2) as thread:
+        assert thread is not None
+        assert _leiden.run_workers(10, mid, 2) == 2
+    assert not thread.is_alive()
+    assert _leiden.run_workers(10, mid, 2) == 1
+    with _leiden.leiden_workers(False, mid, 10, 2) as thread:
+        assert thread is None
+        assert _leiden.run_workers(10, mid, 2) == 1
+    with _leiden.leiden_workers(True, _leiden.STARTED_RUNS_MIN_EDGES - 1, 10, 2) as thread:
+        assert thread is None  # too small a graph: nothing started
+        assert _leiden.run_workers(10, mid, 2) == 1
 
 
 def test_worker_module_does_not_import_torch():
