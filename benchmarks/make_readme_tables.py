@@ -625,12 +625,16 @@ def _headline_gpu(r, cpu, fresh=None):
                      and x.get("order") == "fit-first" and x.get("n") == first["n"]]
     cold = (f", {new[0]['first_fit_s']:.1f} s with empty caches (`gpu_fresh.json`)"
             if new else "")
+    # measured on another day, the CPU's figure may be another version's: its date is given
+    cpu_date = ((cpu or {}).get("env") or {}).get("date")
+    when = (f" ({cpu_date}, another version)"
+            if cpu_date and cpu_date != (r.get("env") or {}).get("date") else "")
     return (f"All {first['n']:,} Fashion-MNIST images on one {r['env']['cuda']}",
             "fit seconds (ACC)",
             f"{second['seconds']:.1f} s, the first fit in a process {first['seconds']:.1f} s"
             f"{cold} ({first['acc']:.3f}); `InvariantKNeighborsTransformer` "
             f"{tr['seconds']:.1f} s",
-            (f"the same fit on {cores} CPU cores {on_cpu['seconds']:.0f} s"
+            (f"the same fit on {cores} CPU cores {on_cpu['seconds']:.0f} s{when}"
              if on_cpu and cores else ""),
             "scaling-on-a-gpu")
 
