@@ -277,7 +277,10 @@ def _leiden_runs(net, edges, resolution, seeds):
     """``(memberships, qualities)`` of igraph's Leiden runs of ``seeds`` at ``resolution`` on
     ``net`` (whose edges are ``edges``), in worker processes where :func:`run_workers` gives
     more than one; the same runs either way."""
-    workers = run_workers(len(seeds), net.ecount(), torch.get_num_threads())
+    from ._memory import memory_budget
+
+    workers = run_workers(len(seeds), net.ecount(), torch.get_num_threads(),
+                          available=memory_budget("cpu"))
     if workers > 1:
         from joblib import Parallel, delayed
 

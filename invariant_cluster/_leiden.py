@@ -87,6 +87,15 @@ STARTED_RUNS_MIN_EDGES = 100_000
 
 _MIN_EDGES = contextvars.ContextVar("invariant_cluster_leiden_min_edges", default=None)
 
+# A worker's resident memory, measured: about 80 MB once it has imported NumPy, joblib and
+# igraph, and 270 MB a worker while its runs went on the 854,000 edges of the 70,000
+# Fashion-MNIST images (230 bytes an edge; 1,050,000 images, 2 workers: 3.2 GB together). The
+# workers are a speed-up the runs can do without: together they take at most a quarter of the
+# memory available, else fewer of them run (none: the runs stay in the calling process).
+WORKER_BASE_BYTES = 100 * 2 ** 20
+WORKER_BYTES_PER_EDGE = 250
+WORKER_MEMORY_FRACTION = 0.25
+
 
 def leiden_worker(edges, resolution, seeds):
     """Memberships and qualities (modularity at ``resolution``) of igraph's Leiden runs of
@@ -100,18 +109,25 @@ def leiden_worker(edges, resolution, seeds):
     return out
 
 
-def run_workers(n_runs: int, n_edges: int, threads: int, min_edges=None) -> int:
+def run_workers(n_runs: int, n_edges: int, threads: int, min_edges=None,
+                available=None) -> int:
     """Worker processes for ``n_runs`` Leiden runs on a graph of ``n_edges`` edges: ``threads``
     (torch's thread count, which the estimators' ``n_jobs`` sets), at most one per run, and 1
     (in the calling process) below ``min_edges`` edges (None: ``STARTED_RUNS_MIN_EDGES`` within
-    :func:`leiden_workers` that started workers, else ``PARALLEL_RUNS_MIN_EDGES``)."""
+    :func:`leiden_workers` that started workers, else ``PARALLEL_RUNS_MIN_EDGES``); with
+    ``available`` (bytes of memory), no more than ``WORKER_MEMORY_FRACTION`` of it holds, at
+    ``WORKER_BASE_BYTES + WORKER_BYTES_PER_EDGE n_edges`` each."""
     if min_edges is None:
         min_edges = _MIN_EDGES.get()
         if min_edges is None:
             min_edges = PARALLEL_RUNS_MIN_EDGES
     if n_edges < min_edges:
         return 1
-    return max(1, min(int(n_runs), int(threads)))
+    workers = max(1, min(int(n_runs), int(threads)))
+    if available is not None:
+        each = WORKER_BASE_BYTES + WORKER_BYTES_PER_EDGE * int(n_edges)
+        workers = min(workers, int(WORKER_MEMORY_FRACTION * float(available) // each))
+    return max(1, workers)
 
 
 def _worker_ready() -> bool:
@@ -145,13 +161,14 @@ def start_run_workers(workers: int):
 
 
 @contextlib.contextmanager
-def leiden_workers(start: bool, n_edges: int, n_runs: int, threads: int):
+def leiden_workers(start: bool, n_edges: int, n_runs: int, threads: int, available=None):
     """Within the block, where ``start`` is true and a graph of about ``n_edges`` edges calls
     for workers (``STARTED_RUNS_MIN_EDGES``), they start now in the background, so that their
     start overlaps what runs before the grouping (a search on a card, which leaves the CPU
-    cores free), and the runs use them from ``STARTED_RUNS_MIN_EDGES`` edges. Yields the
-    starting thread (join it before the runs) or None."""
-    workers = run_workers(n_runs, n_edges, threads, STARTED_RUNS_MIN_EDGES) if start else 1
+    cores free), and the runs use them from ``STARTED_RUNS_MIN_EDGES`` edges; ``available``:
+    as :func:`run_workers`. Yields the starting thread (join it before the runs) or None."""
+    workers = (run_workers(n_runs, n_edges, threads, STARTED_RUNS_MIN_EDGES, available)
+               if start else 1)
     thread = start_run_workers(workers)
     token = _MIN_EDGES.set(STARTED_RUNS_MIN_EDGES if thread is not None else None)
     try:

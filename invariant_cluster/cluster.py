@@ -234,7 +234,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         (None: as set by ``OMP_NUM_THREADS`` or threadpoolctl; -1: all cores). As many worker
         processes (at most one per run) run the grouping's Leiden runs on graphs of 400,000
         edges or more (100,000 on a card, where they start during the search), with the same
-        labels as one process.
+        labels as one process; together within a quarter of the memory available.
     random_state : int, RandomState instance or None
         Seeds the grouping (Leiden's optimiser; umap-learn's layout and k-means' starts with
         ``grouping="umap"``).
@@ -477,7 +477,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         # the search keeps the cores busy, and they start when the runs do)
         with thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose), \
                 leiden_workers(self.grouping == "leiden" and torch.device(dev).type == "cuda",
-                               len(first) * k, COUNT_RUNS, torch.get_num_threads()) as workers:
+                               len(first) * k, COUNT_RUNS, torch.get_num_threads(),
+                               _memory.memory_budget("cpu")) as workers:
             if filtered:
                 self._filtered(Xu)
                 # in the order of the filtered images' own content, as a fit of them with the

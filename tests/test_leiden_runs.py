@@ -71,6 +71,20 @@ def test_run_workers(n_runs, n_edges, threads, expected):
     assert _leiden.run_workers(n_runs, n_edges, threads) == expected
 
 
+def test_run_workers_within_a_quarter_of_the_memory():
+    # each worker is counted at WORKER_BASE_BYTES + WORKER_BYTES_PER_EDGE n_edges, and together
+    # they take at most WORKER_MEMORY_FRACTION of the memory available
+    n_edges = 10 ** 6
+    each = _leiden.WORKER_BASE_BYTES + _leiden.WORKER_BYTES_PER_EDGE * n_edges
+    quarter = _leiden.WORKER_MEMORY_FRACTION
+    assert _leiden.run_workers(10, n_edges, 16, available=100 * each / quarter) == 10
+    assert _leiden.run_workers(10, n_edges, 16, available=3.5 * each / quarter) == 3
+    assert _leiden.run_workers(10, n_edges, 16, available=1.5 * each / quarter) == 1
+    assert _leiden.run_workers(10, n_edges, 16, available=0) == 1
+    with _leiden.leiden_workers(True, n_edges, 10, 16, available=1.5 * each / quarter) as t:
+        assert t is None  # not even two fit: nothing started
+
+
 def test_start_run_workers():
     assert _leiden.start_run_workers(1) is None
     thread = _leiden.start_run_workers(2)
