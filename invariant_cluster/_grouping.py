@@ -40,6 +40,7 @@ from ._leiden import (  # noqa: F401 - _igraph_graph: the tests build graphs wit
     _igraph_from_edges,
     _igraph_graph,
     _igraph_leiden,
+    leiden_runs,
     leiden_worker,
     run_workers,
 )
@@ -275,8 +276,9 @@ def _run_seeds(random_state) -> list[int]:
 
 def _leiden_runs(net, edges, resolution, seeds):
     """``(memberships, qualities)`` of igraph's Leiden runs of ``seeds`` at ``resolution`` on
-    ``net`` (whose edges are ``edges``), in worker processes where :func:`run_workers` gives
-    more than one; the same runs either way."""
+    ``net`` (whose edges are ``edges``, :func:`_graph_edges`; None: read from ``net`` where
+    they are needed), in worker processes where :func:`run_workers` gives more than one; the
+    same runs either way."""
     from ._memory import memory_budget
 
     workers = run_workers(len(seeds), net.ecount(), torch.get_num_threads(),
@@ -284,19 +286,18 @@ def _leiden_runs(net, edges, resolution, seeds):
     if workers > 1:
         from joblib import Parallel, delayed
 
+        if edges is None:
+            pairs = np.asarray(net.get_edgelist(), dtype=np.int64).reshape(-1, 2)
+            edges = (net.vcount(), pairs[:, 0], pairs[:, 1],
+                     np.asarray(net.es["weight"], dtype=np.float64))
         shares = [list(s) for s in np.array_split(np.asarray(seeds, dtype=np.int64), workers)]
         done = Parallel(n_jobs=workers, prefer="processes")(
             delayed(leiden_worker)(edges, resolution, [int(x) for x in share])
             for share in shares)
-        pairs = [pair for part in done for pair in part]
-        return [m.tolist() for m, _ in pairs], [q for _, q in pairs]
-    runs, quality = [], []
-    for seed in seeds:
-        membership = _igraph_leiden(net, resolution, seed)
-        runs.append(membership)
-        quality.append(net.modularity(membership, weights="weight",
-                                      resolution=float(resolution)))
-    return runs, quality
+        pairs = [(m.tolist(), q) for part in done for m, q in part]
+    else:
+        pairs = leiden_runs(net, resolution, seeds)
+    return [m for m, _ in pairs], [q for _, q in pairs]
 
 
 def _best_partition(net, resolution, random_state, edges=None) -> np.ndarray:
@@ -310,10 +311,6 @@ def _best_partition(net, resolution, random_state, edges=None) -> np.ndarray:
     The typical runs agree with the others (mean adjusted Rand index) at least as well as the
     median run does (:func:`_typical_runs`): near-optimal partitions differ in quality by less
     than the runs' own spread, so the best run alone can make a split the others do not."""
-    if edges is None:
-        pairs = np.asarray(net.get_edgelist(), dtype=np.int64).reshape(-1, 2)
-        edges = (net.vcount(), pairs[:, 0], pairs[:, 1],
-                 np.asarray(net.es["weight"], dtype=np.float64))
     runs, quality = _leiden_runs(net, edges, resolution, _run_seeds(random_state))
     candidates = _typical_runs(runs)
     best = runs[int(candidates[np.argmax(np.asarray(quality)[candidates])])]

@@ -97,16 +97,22 @@ WORKER_BYTES_PER_EDGE = 250
 WORKER_MEMORY_FRACTION = 0.25
 
 
-def leiden_worker(edges, resolution, seeds):
-    """Memberships and qualities (modularity at ``resolution``) of igraph's Leiden runs of
-    ``seeds`` on the graph of ``edges`` (:func:`_graph_edges`); run in a worker process."""
-    net = _igraph_from_edges(*edges)
+def leiden_runs(net, resolution, seeds):
+    """``[(membership, quality), ...]``: igraph's Leiden run of each of ``seeds`` at
+    ``resolution`` on ``net``, and its modularity at that resolution."""
     out = []
     for seed in seeds:
         membership = _igraph_leiden(net, resolution, seed)
-        out.append((np.asarray(membership, dtype=np.int32),
+        out.append((membership,
                     net.modularity(membership, weights="weight", resolution=float(resolution))))
     return out
+
+
+def leiden_worker(edges, resolution, seeds):
+    """:func:`leiden_runs` on the graph of ``edges`` (:func:`_graph_edges`), the memberships as
+    int32 arrays (a tenth of a pickled list); run in a worker process."""
+    return [(np.asarray(m, dtype=np.int32), q)
+            for m, q in leiden_runs(_igraph_from_edges(*edges), resolution, seeds)]
 
 
 def run_workers(n_runs: int, n_edges: int, threads: int, min_edges=None,
