@@ -10,6 +10,11 @@ max_translation=..., random_state=seed * 1000 + j)``; the truth is the shape. Th
 - ``mnist_shift``: MNIST, arbitrary angles and shifts within +-2 px (``max_translation=2``).
 
 Each set clean and with Gaussian noise of std 0.1 (``default_rng(seed + 1)``): 150 sets.
+Each set records ``closest_shapes``, the invariant distance between its two closest clean
+shapes, and for noisy sets ``closest_over_noise``, that distance over the distance noise puts
+between two copies of one shape (``0.1 * sqrt(2 * n_pixels)``: 1.13 for 8 x 8, 3.96 for
+28 x 28); the summary counts the sets where it is at least 1 (``resolved_sets``). With
+``--given`` the estimator is also fitted with the true count (``ari_given_k``).
 
 Natural classes (``--natural``): MNIST rotated within +-45 degrees (``bench_clustering``'s
 ``rotated45`` variant and search range), n = ``--natural-n`` for each of ``--natural-seeds``; and
@@ -43,6 +48,8 @@ again.
 
     python benchmarks/bench_count.py --quick --kinds digits8 --out /tmp/count_quick.json
     python benchmarks/bench_count.py                      # the 150 copy sets (long)
+    python benchmarks/bench_count.py --seed 1 --methods estimator --given \
+        --out benchmarks/results/count_seed1.json           # other draws, the estimator only
     python benchmarks/bench_count.py --no-sweep --natural --fashion
     python benchmarks/bench_count.py --no-sweep --duplicates
     python benchmarks/bench_count.py --no-sweep --duplicates --duplicates-all \
@@ -100,6 +107,32 @@ def pool(kind, data=None):
                 images = images / 255.0
         _POOLS[kind] = images.astype(np.float32)
     return _POOLS[kind]
+
+
+def picked_shapes(kind, k, seed, data=None):
+    """The ``k`` images of ``pool(kind)`` a copy set is made of."""
+    images = pool(kind, data)
+    return images[np.random.default_rng(seed).choice(len(images), k, replace=False)]
+
+
+def closest_shapes(kind, k, c, noise, seed, data=None):
+    """The invariant distance between the two closest of a set's ``k`` clean shapes, over the
+    distance that noise of std ``noise`` puts between two copies of one shape,
+    ``noise * sqrt(2 * n_pixels)`` (None for clean sets): under 1, two of the shapes are
+    closer to each other than two noisy copies of either are. Returns ``(distance, ratio)``.
+    The grid distance (``refine=False``, as the dense baselines), made symmetric by the
+    minimum."""
+    from invariant_cluster.alignment import invariant_distances
+
+    shapes = picked_shapes(kind, k, seed, data)
+    D = invariant_distances(shapes.reshape(k, -1), image_shape=shapes.shape[1:],
+                            refine=False, **search_params(kind))
+    D = np.asarray(D, dtype=np.float64)
+    D = np.minimum(D, D.T)
+    np.fill_diagonal(D, np.inf)
+    distance = float(np.sqrt(max(D.min(), 0.0)))
+    ratio = distance / (noise * np.sqrt(2 * shapes[0].size)) if noise else None
+    return distance, ratio
 
 
 def copy_set(kind, k, c, noise, seed, data=None):
@@ -221,8 +254,8 @@ def hdbscan_umap(D, seed):
     return HDBSCAN(min_cluster_size=max(3, n // 100)).fit_predict(emb)
 
 
-def run_methods(X, y, search, seed, base, given_k=None):
-    """Rows of the estimator and the three baselines on one data set."""
+def run_methods(X, y, search, seed, base, given_k=None, methods=METHODS):
+    """Rows of the estimator and the three baselines (those of ``methods``) on one data set."""
     n, k = len(X), int(np.unique(y).size)
     rows = []
 
@@ -246,13 +279,15 @@ def run_methods(X, y, search, seed, base, given_k=None):
         if given_k is not None:
             try:
                 est_k, t_k = timed(fit_estimator, X, given_k, seed, search)
-                extra.update(acc_given_k=measure(y, est_k.labels_)["acc"], seconds_given_k=t_k)
+                given = measure(y, est_k.labels_)
+                extra.update(acc_given_k=given["acc"], ari_given_k=given["ari"],
+                             seconds_given_k=t_k)
             except Exception as e:
                 extra.update(acc_given_k=None, error_given_k=error_text(e))
         add("estimator", est.labels_, t, **extra)
     except Exception as e:
         add("estimator", error=error_text(e))
-    if search.get("max_translation", 0) > 0:
+    if "estimator_no_center" in methods and search.get("max_translation", 0) > 0:
         try:
             est, t = timed(fit_estimator, X, None, seed, search, center=False)
             add("estimator_no_center", est.labels_, t, n_clusters_=int(est.n_clusters_),
@@ -261,39 +296,43 @@ def run_methods(X, y, search, seed, base, given_k=None):
         except Exception as e:
             add("estimator_no_center", error=error_text(e))
 
+    dense = {"hdbscan_invariant", "hdbscan_umap"} & set(methods)
     D, t_dist, dist_error = None, None, None
-    if n <= MAX_DENSE:
+    if dense and n <= MAX_DENSE:
         try:
             D, t_dist = timed(dense_distances, X, search)
         except Exception as e:
             dist_error = error_text(e)
     skipped = f"skipped: n > {MAX_DENSE}" if n > MAX_DENSE else None
 
-    if D is None:
-        add("hdbscan_invariant", error=skipped or dist_error)
-    else:
+    if "hdbscan_invariant" in methods:
+        if D is None:
+            add("hdbscan_invariant", error=skipped or dist_error)
+        else:
+            try:
+                lab, t = timed(hdbscan_invariant, D)
+                add("hdbscan_invariant", lab, t_dist + t, dist_seconds=t_dist,
+                    noise_fraction=float(np.mean(lab < 0)))
+            except Exception as e:
+                add("hdbscan_invariant", error=error_text(e))
+
+    if "leiden_modularity" in methods:
         try:
-            lab, t = timed(hdbscan_invariant, D)
-            add("hdbscan_invariant", lab, t_dist + t, dist_seconds=t_dist,
-                noise_fraction=float(np.mean(lab < 0)))
+            lab, t = timed(leiden_modularity, X, search, seed)
+            add("leiden_modularity", lab, t)
         except Exception as e:
-            add("hdbscan_invariant", error=error_text(e))
+            add("leiden_modularity", error=error_text(e))
 
-    try:
-        lab, t = timed(leiden_modularity, X, search, seed)
-        add("leiden_modularity", lab, t)
-    except Exception as e:
-        add("leiden_modularity", error=error_text(e))
-
-    if D is None:
-        add("hdbscan_umap", error=skipped or dist_error)
-    else:
-        try:
-            lab, t = timed(hdbscan_umap, D, seed)
-            add("hdbscan_umap", lab, t_dist + t, dist_seconds=t_dist,
-                noise_fraction=float(np.mean(lab < 0)))
-        except Exception as e:  # umap-learn's precomputed metric on tiny sets (n < 20)
-            add("hdbscan_umap", error=error_text(e))
+    if "hdbscan_umap" in methods:
+        if D is None:
+            add("hdbscan_umap", error=skipped or dist_error)
+        else:
+            try:
+                lab, t = timed(hdbscan_umap, D, seed)
+                add("hdbscan_umap", lab, t_dist + t, dist_seconds=t_dist,
+                    noise_fraction=float(np.mean(lab < 0)))
+            except Exception as e:  # umap-learn's precomputed metric on tiny sets (n < 20)
+                add("hdbscan_umap", error=error_text(e))
     if D is not None and base.get("copies") is not None:
         ratio = true_separation(D, y)
         for row in rows:
@@ -362,6 +401,9 @@ def summarize(rows):
                 continue
             done = [r for r in sel if r["count"] is not None]
             apart = [r for r in done if (r.get("true_separation") or 0) > 1]
+            # sets none of whose shapes are closer than two noisy copies of one shape
+            resolved = [r for r in done if r.get("closest_over_noise") is None
+                        or r["closest_over_noise"] >= 1]
             out.append({
                 "method": method, "kind": kd, "noise": s, "sets": len(sel),
                 "exact": sum(r["count"] == r["k"] and r["ari"] >= 0.95 for r in done),
@@ -375,6 +417,11 @@ def summarize(rows):
                 "exact_separated": sum(r["count"] == r["k"] and r["ari"] >= 0.95 for r in apart),
                 "max_abs_count_error_separated": max(
                     (abs(r["count"] - r["k"]) for r in apart), default=None),
+                "resolved_sets": len(resolved),
+                "exact_resolved": sum(r["count"] == r["k"] and r["ari"] >= 0.95
+                                      for r in resolved),
+                "max_abs_count_error_resolved": max(
+                    (abs(r["count"] - r["k"]) for r in resolved), default=None),
                 "seconds": float(sum(r["seconds"] or 0.0 for r in sel)),
             })
     return out
@@ -482,6 +529,11 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="k in 2, 5; c in 3, 40; clean only (intersected with the lists given)")
     p.add_argument("--no-sweep", action="store_true", help="skip the copy sets")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
+                   help="the methods run (default: all)")
+    p.add_argument("--given", action="store_true",
+                   help="copy sets: the estimator also fitted with the true count "
+                        "(ari_given_k, acc_given_k)")
     p.add_argument("--natural", action="store_true", help="rotated MNIST rows")
     p.add_argument("--natural-n", nargs="+", type=int, default=[2000])
     p.add_argument("--natural-seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -517,9 +569,13 @@ def main(argv=None):
                 for c in args.copies:
                     for noise in args.noise:
                         X, y = copy_set(kind, k, c, noise, args.seed, args.data)
+                        close, ratio = closest_shapes(kind, k, c, noise, args.seed, args.data)
                         base = {"set": f"{kind} k={k} c={c} s={noise:g}", "kind": kind,
-                                "copies": c, "noise": noise, "seed": args.seed}
-                        result["rows"] += run_methods(X, y, search_params(kind), args.seed, base)
+                                "copies": c, "noise": noise, "seed": args.seed,
+                                "closest_shapes": close, "closest_over_noise": ratio}
+                        result["rows"] += run_methods(X, y, search_params(kind), args.seed, base,
+                                                      given_k=k if args.given else None,
+                                                      methods=args.methods)
                         save()  # after every set: a long run keeps what it measured
 
     natural = []
@@ -532,7 +588,7 @@ def main(argv=None):
         base = {"set": f"{variant} n={n} seed={seed}", "kind": variant, "copies": None,
                 "noise": 0.0, "seed": seed}
         result["rows"] += run_methods(X, y, VARIANTS[variant]["search"], seed, base,
-                                      given_k=10)
+                                      given_k=10, methods=args.methods)
         save()
 
     if args.duplicates:
