@@ -102,7 +102,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         of the same class at arbitrary angles, noise as large as the distance between two
         shapes, copies shifted farther apart than ``max_translation`` on a background
         ``center`` does not centre) and where natural classes are not modularity's
-        communities; inspect ``cluster_centers_`` before trusting it.
+        communities, nearly always by merging two shapes into one cluster; inspect
+        ``cluster_centers_`` before trusting it, and give the count where it is known (the
+        groups are then found where the count alone was missed, ``count_draws_seed*.json``).
         An int: with ``grouping="leiden"``, the separated partition with ``n_clusters`` groups
         when there is one, else Leiden's resolution is searched until the partition
         has ``n_clusters`` parts of at least 2% of ``n_samples / n_clusters`` samples each (a
