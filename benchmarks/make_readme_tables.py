@@ -693,15 +693,20 @@ def _headline_count(r, *draws):
     s = [x for x in r["summary"] if x["kind"] == "all" and x["noise"] == "all"]
     ours = _row(s, method="estimator")
     hdb = _row(s, method="hdbscan_invariant")
-    other = [_row(d["summary"], method="estimator", kind="all", noise="all")
-             for d in draws if d is not None]
+    draws = [d for d in draws if d is not None]
+    other = [_row(d["summary"], method="estimator", kind="all", noise="all") for d in draws]
+    other_hdb = [_row(d["summary"], method="hdbscan_invariant", kind="all", noise="all")
+                 for d in draws]
     seed = r.get("args", {}).get("seed", 0)
     more = "".join(f"; {x['exact']} of {x['sets']} with other shapes (seed "
-                   f"{d['args']['seed']})" for x, d in zip(other, [d for d in draws if d]))
+                   f"{d['args']['seed']})" for x, d in zip(other, draws))
+    hdb_more = ", ".join(f"{x['exact']} (seed {d['args']['seed']})"
+                         for x, d in zip(other_hdb, draws) if x is not None)
     return (f"Counting clusters: {ours['sets']} sets of rotated copies",
             "sets with the exact count and ARI >= 0.95",
             f"{ours['exact']} (shapes of seed {seed}){more}",
-            f"HDBSCAN on `invariant_distances` {hdb['exact']}", "how-many-clusters")
+            f"HDBSCAN on `invariant_distances` {hdb['exact']}"
+            + (f"; {hdb_more}" if hdb_more else ""), "how-many-clusters")
 
 
 def _headline_alignment(r):
