@@ -946,6 +946,67 @@ def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP):
     return labels, separation
 
 
+# Where the measured noise is material, a separated group can hold two or three shapes that
+# are closer to each other than two noisy copies of one shape (their copies chain together in
+# the single-linkage tree). Each such shape adds one small eigenvalue to the normalised
+# Laplacian of the graph: the count is raised to the number of eigenvalues below the largest
+# gap among the first EIGENGAP_EIGENVALUES when that is at most EIGENGAP_MAX_EXTRA above the
+# separated count (a larger jump is the poses within big groups of copies, not shapes:
+# benchmarks/benchmarks page, "How many clusters").
+EIGENGAP_EIGENVALUES = 40
+EIGENGAP_MAX_EXTRA = 2
+# up to this many nodes the eigenvalues come from a dense symmetric solver (deterministic);
+# above it, from ARPACK on the sparse graph with a fixed start vector
+EIGENGAP_DENSE_MAX = 2000
+
+
+def eigengap_count(graph, max_eigenvalues: int = EIGENGAP_EIGENVALUES):
+    """The number of eigenvalues of the normalised Laplacian of the symmetric weighted graph
+    ``graph`` (sparse ``(n, n)``) below the largest gap between consecutive ones, among the
+    smallest ``min(max_eigenvalues, n // SEPARATED_MIN_SIZE) + 1`` (at least 2; the gap above
+    the first eigenvalue, 0, is not counted). None for graphs too small to have 3 groups."""
+    from scipy.sparse import csr_matrix, diags
+    from scipy.sparse.csgraph import laplacian
+
+    n = graph.shape[0]
+    m = min(int(max_eigenvalues), n // SEPARATED_MIN_SIZE)
+    if m < 3:
+        return None
+    A = csr_matrix(graph, dtype=np.float64)
+    A = (A + A.T) * 0.5
+    if n <= EIGENGAP_DENSE_MAX:
+        values = np.linalg.eigvalsh(laplacian(A.toarray(), normed=True))[:m + 1]
+    else:
+        from scipy.sparse.linalg import eigsh
+
+        degree = np.asarray(A.sum(axis=1)).ravel()
+        scale = np.where(degree > 0, 1.0 / np.sqrt(np.where(degree > 0, degree, 1.0)), 0.0)
+        # the largest eigenvalues of D^-1/2 A D^-1/2 are 1 minus the smallest of the Laplacian
+        start = np.random.default_rng(0).standard_normal(n)
+        top = eigsh(diags(scale) @ A @ diags(scale), k=m + 1, which="LA", v0=start,
+                    return_eigenvectors=False)
+        values = np.sort(1.0 - top)
+    gaps = np.diff(values)
+    return int(np.argmax(gaps[1:])) + 2
+
+
+def _eigengap_refined(labels, index, dist, index_means, dist_means, graph, random_state):
+    """Where the graph's eigengap count (:func:`eigengap_count`) is one to
+    ``EIGENGAP_MAX_EXTRA`` above the number of groups of the separated partition ``labels``,
+    Leiden's partition into that many (as with ``n_clusters`` given) if each of its parts has
+    at least ``SEPARATED_MIN_SIZE`` nodes; else None."""
+    G = _union_graph(index, dist, index_means, dist_means, graph, random_state)
+    count = eigengap_count(G)
+    found = int(labels.max()) + 1
+    if count is None or not found < count <= found + EIGENGAP_MAX_EXTRA:
+        return None
+    finer = leiden(G, count, random_state)
+    # a group is at least SEPARATED_MIN_SIZE distinct images, as for the separated partitions
+    if int(finer.max()) + 1 != count or np.bincount(finer).min() < SEPARATED_MIN_SIZE:
+        return None
+    return finer
+
+
 def count_groups(index, dist, index_means, dist_means, graph, modes, random_state,
                  means_edges=None):
     """``n_clusters=None``: the finer of the separated partitions of the samples' kNN graph
@@ -991,6 +1052,11 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
                     return coarse, "modularity", separation
             labels, separation, rule = labels_m, separation_m, "separated_means"
     if labels is not None:
+        if means_edges is not None:
+            finer = _eigengap_refined(labels, index, dist, index_means, dist_means, graph,
+                                      random_state)
+            if finer is not None:
+                return finer, "eigengap", separation
         return labels, rule, separation
     return (_leiden_count(index, dist, index_means, dist_means, graph, modes, random_state),
             "modularity", separation)

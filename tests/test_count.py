@@ -20,7 +20,12 @@ from invariant_cluster._duplicates import (
     near_duplicates,
     unique_in_canonical_order,
 )
-from invariant_cluster._grouping import density_groups, finest_separated, separated_groups
+from invariant_cluster._grouping import (
+    density_groups,
+    eigengap_count,
+    finest_separated,
+    separated_groups,
+)
 from invariant_cluster.datasets import load_digits_images, make_transformed_copies
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -86,6 +91,63 @@ def test_noisy_copies_counted_by_their_means(n_shapes, n_copies):
     assert adjusted_rand_score(y, est.labels_) >= 0.95
     assert est.count_rule_ == "separated_means"
     assert est.separation_ >= 1.5
+
+
+@pytest.mark.parametrize("n_shapes, n_copies, found_before", [(8, 12, 6), (12, 12, 11),
+                                                              (12, 4, 10)])
+def test_noisy_shapes_closer_than_their_copies_counted_by_the_eigengap(n_shapes, n_copies,
+                                                                     found_before):
+    # two handwritten 0s, two 9s, a 6 and a 9: closer to each other than two noisy copies of
+    # one of them, their copies chain together in the tree, and the separated partitions
+    # (samples and means) merge them (found_before groups); the graph's Laplacian has one
+    # small eigenvalue per shape
+    X, y = _copies(n_shapes, n_copies, seed=0, noise=0.1, noise_seed=1)
+    est = _fit(X)
+    assert est.count_rule_ == "eigengap"
+    assert est.n_clusters_ == n_shapes > found_before
+    assert adjusted_rand_score(y, est.labels_) >= 0.95
+    # stored twice and permuted: the same partition
+    twice = _fit(np.concatenate([X, X]))
+    assert adjusted_rand_score(est.labels_, twice.labels_[:len(X)]) == 1.0
+    assert np.array_equal(twice.labels_[:len(X)], twice.labels_[len(X):])
+    perm = np.random.default_rng(0).permutation(len(X))
+    assert adjusted_rand_score(est.labels_[perm], _fit(X[perm]).labels_) == 1.0
+
+
+def _blocks(sizes, inside=1.0, between=0.01, seed=0):
+    """A symmetric weighted graph of dense blocks of ``sizes`` nodes (weights about
+    ``inside``), every pair of nodes in different blocks joined with probability 0.2 by an
+    edge of weight ``between``."""
+    from scipy.sparse import csr_matrix
+
+    rng = np.random.default_rng(seed)
+    block = np.repeat(np.arange(len(sizes)), sizes)
+    n = block.size
+    same = block[:, None] == block[None]
+    W = np.where(same, inside * rng.uniform(0.5, 1.0, (n, n)),
+                 between * (rng.random((n, n)) < 0.2))
+    W = np.triu(W, 1)
+    return csr_matrix(W + W.T)
+
+
+@pytest.mark.parametrize("sizes", [(5, 5, 5), (3, 12, 40), (10, 10, 10, 10, 10, 10, 10),
+                                   (4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4)])
+def test_eigengap_count_of_blocks(sizes):
+    assert eigengap_count(_blocks(sizes)) == len(sizes)
+
+
+def test_eigengap_count_sparse_solver_agrees_with_dense(monkeypatch):
+    import invariant_cluster._grouping as grouping
+
+    G = _blocks((30, 50, 20, 40), between=0.05)
+    dense = eigengap_count(G)
+    monkeypatch.setattr(grouping, "EIGENGAP_DENSE_MAX", 10)
+    assert eigengap_count(G) == dense == 4
+
+
+def test_eigengap_count_of_tiny_graphs():
+    assert eigengap_count(_blocks((2, 2))) is None
+    assert eigengap_count(_blocks((3, 3, 3))) == 3
 
 
 @pytest.mark.parametrize("picks", [(0, 1, 2), (10, 20, 30)])
