@@ -15,7 +15,8 @@ Everything here works on a kNN graph given as ``(index, dist)`` arrays of shape 
 - :func:`count_groups`: ``n_clusters=None``: the separated groups of the samples' kNN graph
   (:func:`finest_separated`: one cut of the single-linkage tree with a gap,
   :func:`separated_groups`, or HDBSCAN's clusters of it, each with its own gap,
-  :func:`density_groups`) or of the converged means' graph (the cut), else
+  :func:`density_groups`) or of the converged means' graph (the cut), where the noise is
+  material raised by the graph's eigengap (:func:`eigengap_count`), else
   modularity's communities merged where the iteration collapsed them onto one mean
   (:func:`merge_by_modes`).
 - :func:`vote`: ``predict``'s majority among the nearest fitted samples.
@@ -561,9 +562,9 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
     With ``n_clusters`` and "leiden", a separated partition of the samples' graph with that
     many groups is taken when there is one (copy sets: Leiden's resolution search cuts chains
     of copies at arbitrary places). Returns ``(labels, graph_used, rule, separation)``: ``rule``
-    says what decided the count ("given", "separated", "separated_means", "modularity" or
-    "hdbscan", see :func:`count_groups`); ``separation`` the gap ratio of the separated
-    partition tested (None where none was).
+    says what decided the count ("given", "separated", "separated_means", "eigengap",
+    "modularity" or "hdbscan", see :func:`count_groups`); ``separation`` the gap ratio of the
+    separated partition tested (None where none was).
     """
     n = index.shape[0]
     graph = resolve_graph(graph, index, index_means)
@@ -952,7 +953,7 @@ def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP):
 # Laplacian of the graph: the count is raised to the number of eigenvalues below the largest
 # gap among the first EIGENGAP_EIGENVALUES when that is at most EIGENGAP_MAX_EXTRA above the
 # separated count (a larger jump is the poses within big groups of copies, not shapes:
-# benchmarks/benchmarks page, "How many clusters").
+# docs/benchmarks.rst, "How many clusters").
 EIGENGAP_EIGENVALUES = 40
 EIGENGAP_MAX_EXTRA = 2
 # up to this many nodes the eigenvalues come from a dense symmetric solver (deterministic);
@@ -963,10 +964,10 @@ EIGENGAP_DENSE_MAX = 2000
 def eigengap_count(graph, max_eigenvalues: int = EIGENGAP_EIGENVALUES):
     """The number of eigenvalues of the normalised Laplacian of the symmetric weighted graph
     ``graph`` (sparse ``(n, n)``) below the largest gap between consecutive ones, among the
-    smallest ``min(max_eigenvalues, n // SEPARATED_MIN_SIZE) + 1`` (at least 2; the gap above
-    the first eigenvalue, 0, is not counted). None for graphs too small to have 3 groups."""
-    from scipy.sparse import csr_matrix, diags
-    from scipy.sparse.csgraph import laplacian
+    smallest ``m + 1``, ``m = min(max_eigenvalues, n // SEPARATED_MIN_SIZE)`` (at least 2; the
+    gap above the first eigenvalue, 0, is not counted). None for graphs too small to have 3
+    groups, or with more than ``m`` connected parts (the ``m + 1`` smallest are all 0)."""
+    from scipy.sparse import csr_matrix
 
     n = graph.shape[0]
     m = min(int(max_eigenvalues), n // SEPARATED_MIN_SIZE)
@@ -974,20 +975,41 @@ def eigengap_count(graph, max_eigenvalues: int = EIGENGAP_EIGENVALUES):
         return None
     A = csr_matrix(graph, dtype=np.float64)
     A = (A + A.T) * 0.5
+    n_parts, part = connected_components(A, directed=False)
+    if n_parts > m:
+        return None
     if n <= EIGENGAP_DENSE_MAX:
-        values = np.linalg.eigvalsh(laplacian(A.toarray(), normed=True))[:m + 1]
+        values = _smallest_laplacian_eigenvalues(A, m + 1)
     else:
-        from scipy.sparse.linalg import eigsh
-
-        degree = np.asarray(A.sum(axis=1)).ravel()
-        scale = np.where(degree > 0, 1.0 / np.sqrt(np.where(degree > 0, degree, 1.0)), 0.0)
-        # the largest eigenvalues of D^-1/2 A D^-1/2 are 1 minus the smallest of the Laplacian
-        start = np.random.default_rng(0).standard_normal(n)
-        top = eigsh(diags(scale) @ A @ diags(scale), k=m + 1, which="LA", v0=start,
-                    return_eigenvectors=False)
-        values = np.sort(1.0 - top)
+        # the spectrum is the union of the connected parts' spectra: each part on its own,
+        # so that the repeated eigenvalue 0 of several parts is not lost to the sparse solver
+        order = np.argsort(part, kind="stable")
+        bounds = np.r_[0, np.cumsum(np.bincount(part))]
+        values = np.sort(np.concatenate([
+            _smallest_laplacian_eigenvalues(A[nodes][:, nodes], m + 1)
+            for nodes in (order[a:b] for a, b in zip(bounds[:-1], bounds[1:]))]))[:m + 1]
     gaps = np.diff(values)
     return int(np.argmax(gaps[1:])) + 2
+
+
+def _smallest_laplacian_eigenvalues(A, count: int) -> np.ndarray:
+    """The ``count`` smallest eigenvalues (fewer for a smaller graph) of the normalised
+    Laplacian of the CONNECTED symmetric sparse graph ``A``, ascending: dense up to
+    ``EIGENGAP_DENSE_MAX`` nodes, else ARPACK (the largest of ``D^-1/2 A D^-1/2``, one minus
+    them) with a fixed start vector."""
+    from scipy.sparse import diags
+    from scipy.sparse.csgraph import laplacian
+
+    n = A.shape[0]
+    if n <= EIGENGAP_DENSE_MAX:
+        return np.linalg.eigvalsh(laplacian(A.toarray(), normed=True))[:count]
+    from scipy.sparse.linalg import eigsh
+
+    degree = np.asarray(A.sum(axis=1)).ravel()
+    scale = diags(1.0 / np.sqrt(np.maximum(degree, np.finfo(np.float64).tiny)))
+    top = eigsh(scale @ A @ scale, k=min(count, n - 1), which="LA",
+                v0=np.random.default_rng(0).standard_normal(n), return_eigenvectors=False)
+    return np.sort(1.0 - top)
 
 
 def _eigengap_refined(labels, index, dist, index_means, dist_means, graph, random_state):
@@ -1033,10 +1055,13 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     class from a continuum of the others (1,797 8 x 8 digits at +-45 degrees, seed 1: 2
     groups at a gap of 1.54, where modularity gives 14), a count the fixed points do not
     support; on the noisy copy sets whose count the means get right, modularity gives as
-    many groups or fewer (``benchmarks/results/count.json``). Returns
-    ``(labels, rule, separation)``: ``rule`` "separated" (the samples' graph),
-    "separated_means" or "modularity"; ``separation`` the chosen partition's gap ratio, or
-    where none is separated the largest ratio seen on the samples' graph.
+    many groups or fewer (``benchmarks/results/count.json``). Where the noise is material
+    (``means_edges`` given), a separated partition is refined by the graph's eigengap
+    (:func:`_eigengap_refined`): shapes closer to each other than two noisy copies of one
+    chain together in the tree and in the means. Returns ``(labels, rule, separation)``:
+    ``rule`` "separated" (the samples' graph), "separated_means", "eigengap" or
+    "modularity"; ``separation`` the separated partition's gap ratio, or where none is
+    separated the largest ratio seen on the samples' graph.
     """
     labels, separation = finest_separated(index, dist)
     rule = "separated"

@@ -90,7 +90,12 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         deviation), that of the converged means' graph when it is finer (gap 1.5; and,
         where the samples' graph has none, not coarser than modularity's count): the
         iteration collapses each group of noisy copies onto one invariant mean, so the means
-        are separated where noisy samples are not. Copies of a few shapes give such
+        are separated where noisy samples are not. There, shapes closer to each other than
+        two noisy copies of one chain together in both graphs, and each adds one small
+        eigenvalue to the normalised Laplacian of the graph: where the largest gap among its
+        40 smallest eigenvalues lies one or two places above the separated count, Leiden's
+        partition into that many groups is taken, if each has at least 3 distinct images.
+        Copies of a few shapes give such
         partitions whatever their number and size (``benchmarks/results/count.json``);
         natural classes, which chain into each other, do not (``separation_`` 1.00-1.02 on
         rotated MNIST and Fashion-MNIST, ``count_natural*.json``). There, Leiden at
@@ -271,8 +276,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
     count_rule_ : str
         What decided the number of clusters: "given" (``n_clusters``), "separated" (separated
         groups of the samples' kNN graph), "separated_means" (separated groups of the
-        converged means' kNN graph), "modularity" (Leiden at resolution 1, see
-        ``n_clusters``) or "hdbscan" (``grouping="umap"``, ``n_clusters=None``).
+        converged means' kNN graph), "eigengap" (a separated count raised to the graph's
+        eigengap count), "modularity" (Leiden at resolution 1, see ``n_clusters``) or
+        "hdbscan" (``grouping="umap"``, ``n_clusters=None``).
     separation_ : float or None
         The gap ratio behind the count (see ``n_clusters``): the shortest edge between two
         groups over the longest edge inside one, for the separated partition taken (for

@@ -136,18 +136,23 @@ def test_eigengap_count_of_blocks(sizes):
     assert eigengap_count(_blocks(sizes)) == len(sizes)
 
 
-def test_eigengap_count_sparse_solver_agrees_with_dense(monkeypatch):
+@pytest.mark.parametrize("between", [0.05, 0.0])
+def test_eigengap_count_sparse_solver_agrees_with_dense(monkeypatch, between):
+    # between=0: four connected parts, whose repeated eigenvalue 0 a sparse solver on the
+    # whole graph finds only in part
     import invariant_cluster._grouping as grouping
 
-    G = _blocks((30, 50, 20, 40), between=0.05)
+    G = _blocks((30, 50, 20, 40, 30), between=between)
     dense = eigengap_count(G)
     monkeypatch.setattr(grouping, "EIGENGAP_DENSE_MAX", 10)
-    assert eigengap_count(G) == dense == 4
+    assert eigengap_count(G) == dense == 5
 
 
 def test_eigengap_count_of_tiny_graphs():
     assert eigengap_count(_blocks((2, 2))) is None
     assert eigengap_count(_blocks((3, 3, 3))) == 3
+    # more connected parts than eigenvalues looked at: no gap among them
+    assert eigengap_count(_blocks((3,) * 12, between=0.0), max_eigenvalues=5) is None
 
 
 @pytest.mark.parametrize("picks", [(0, 1, 2), (10, 20, 30)])
