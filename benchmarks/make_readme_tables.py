@@ -698,15 +698,21 @@ def _headline_count(r, *draws):
     other_hdb = [_row(d["summary"], method="hdbscan_invariant", kind="all", noise="all")
                  for d in draws]
     seed = r.get("args", {}).get("seed", 0)
-    more = "".join(f"; {x['exact']} of {x['sets']} with other shapes (seed "
-                   f"{d['args']['seed']})" for x, d in zip(other, draws))
-    hdb_more = ", ".join(f"{x['exact']} (seed {d['args']['seed']})"
-                         for x, d in zip(other_hdb, draws) if x is not None)
+    more = ""
+    if other:
+        seeds = ", ".join(str(d["args"]["seed"]) for d in draws)
+        more = (f"; other shapes (seeds {seeds}): "
+                + ", ".join(str(x["exact"]) for x in other))
+    measured = [(x, d) for x, d in zip(other_hdb, draws) if x is not None]
+    hdb_more = ""
+    if measured:
+        hdb_more = (f"(seeds {', '.join(str(d['args']['seed']) for _, d in measured)}: "
+                    + ", ".join(str(x["exact"]) for x, _ in measured) + ")")
     return (f"Counting clusters: {ours['sets']} sets of rotated copies",
             "sets with the exact count and ARI >= 0.95",
-            f"{ours['exact']} (shapes of seed {seed}){more}",
+            f"{ours['exact']} (the shapes of seed {seed}){more}",
             f"HDBSCAN on `invariant_distances` {hdb['exact']}"
-            + (f"; {hdb_more}" if hdb_more else ""), "how-many-clusters")
+            + (f" {hdb_more}" if hdb_more else ""), "how-many-clusters")
 
 
 def _headline_alignment(r):
@@ -723,7 +729,8 @@ HEADLINES = [("clustering", _headline_clustering), ("noise_filter_10000", _headl
              ("gpu", _headline_gpu, "scaling_fashion70k", "gpu_fresh"),
              ("cryoem_ctf", _headline_cryoem_ctf),
              ("cryoem_ctf", _headline_cryoem_ctf_neighbours),
-             ("count", _headline_count, "count_draws_seed1", "count_draws_seed2"),
+             ("count", _headline_count, "count_draws_seed1", "count_draws_seed2",
+              "count_draws_seed3", "count_draws_seed4"),
              ("alignment", _headline_alignment)]
 
 
