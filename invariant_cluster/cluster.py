@@ -90,13 +90,13 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         deviation), that of the converged means' graph when it is finer (gap 1.5; and,
         where the samples' graph has none, not coarser than modularity's count): the
         iteration collapses each group of noisy copies onto one invariant mean, so the means
-        are separated where noisy samples are not. There, shapes closer to each other than
-        two noisy copies of one chain together in both graphs, and each adds one small
-        eigenvalue to the normalised Laplacian of the graph: where the largest gap among its
-        40 smallest eigenvalues lies one or two places above the separated count, Leiden's
-        partition into that many groups is taken, if each has at least 3 distinct images.
-        Copies of a few shapes give such
-        partitions whatever their number and size (``benchmarks/results/count.json``);
+        are separated where noisy samples are not. With such noise, shapes closer to each
+        other than two noisy copies of one chain together in both graphs, and each adds one
+        small eigenvalue to the normalised Laplacian of the graph: where the largest gap
+        among its 40 smallest eigenvalues lies one or two places above the separated count,
+        Leiden's partition into that many groups is taken, if each has at least 3 distinct
+        images. Copies of a few shapes give separated partitions whatever their number and
+        size (``benchmarks/results/count.json``);
         natural classes, which chain into each other, do not (``separation_`` 1.00-1.02 on
         rotated MNIST and Fashion-MNIST, ``count_natural*.json``). There, Leiden at
         resolution 1 (modularity) counts, the best of the typical ones of 10 seeded runs
