@@ -115,7 +115,7 @@ def picked_shapes(kind, k, seed, data=None):
     return images[np.random.default_rng(seed).choice(len(images), k, replace=False)]
 
 
-def closest_shapes(kind, k, c, noise, seed, data=None):
+def closest_shapes(kind, k, noise, seed, data=None):
     """The invariant distance between the two closest of a set's ``k`` clean shapes, over the
     distance that noise of std ``noise`` puts between two copies of one shape,
     ``noise * sqrt(2 * n_pixels)`` (None for clean sets): under 1, two of the shapes are
@@ -138,13 +138,11 @@ def closest_shapes(kind, k, c, noise, seed, data=None):
 def copy_set(kind, k, c, noise, seed, data=None):
     from invariant_cluster.datasets import make_transformed_copies
 
-    images = pool(kind, data)
-    picks = np.random.default_rng(seed).choice(len(images), k, replace=False)
     shift = search_params(kind).get("max_translation", 0)
-    X = np.concatenate([make_transformed_copies(images[i], c, max_rotation=180,
+    X = np.concatenate([make_transformed_copies(image, c, max_rotation=180,
                                                 max_translation=shift,
                                                 random_state=seed * 1000 + j)[0]
-                        for j, i in enumerate(picks)])
+                        for j, image in enumerate(picked_shapes(kind, k, seed, data))])
     if noise:
         X = X + noise * np.random.default_rng(seed + 1).standard_normal(X.shape)
     return X.astype(np.float32), np.repeat(np.arange(k), c)
@@ -569,7 +567,7 @@ def main(argv=None):
                 for c in args.copies:
                     for noise in args.noise:
                         X, y = copy_set(kind, k, c, noise, args.seed, args.data)
-                        close, ratio = closest_shapes(kind, k, c, noise, args.seed, args.data)
+                        close, ratio = closest_shapes(kind, k, noise, args.seed, args.data)
                         base = {"set": f"{kind} k={k} c={c} s={noise:g}", "kind": kind,
                                 "copies": c, "noise": noise, "seed": args.seed,
                                 "closest_shapes": close, "closest_over_noise": ratio}
