@@ -692,7 +692,9 @@ def _strict_coarsening(labels: np.ndarray, modes) -> bool:
 # distinct images whose shortest edge between groups is at least SEPARATED_MIN_GAP times the
 # longest edge that holds a group together (a single-linkage Dunn index); copies of a few
 # shapes give such partitions, natural classes do not. Images of tiny parts (at most
-# SEPARATED_MAX_OUTLIERS of all) join the group they meet first.
+# SEPARATED_MAX_OUTLIERS of all, or SEPARATED_MIN_SIZE images where that is fewer: on a graph
+# of 24 nodes, a fraction alone would let no group of 3 fail the gap) join the group they meet
+# first.
 SEPARATED_MIN_GAP = 1.25
 # The converged means' graph needs a wider gap: the iteration contracts natural classes'
 # neighbourhoods too (8 x 8 digits at +-45 degrees: largest ratio 1.26 on the means, at most
@@ -707,6 +709,12 @@ SEPARATED_MEANS_MIN_GAP = 1.5
 NOISY_FRACTION = 0.1
 SEPARATED_MIN_SIZE = 3
 SEPARATED_MAX_OUTLIERS = 0.1
+
+
+def _outlier_limit(n: int, max_outliers: float, min_size: int) -> float:
+    """How many of ``n`` nodes may be left outside the groups: ``max_outliers`` of them, and at
+    least one group's worth (``min_size``)."""
+    return max(max_outliers * n, min_size)
 
 
 def _symmetric_distances(index: np.ndarray, dist: np.ndarray):
@@ -750,8 +758,8 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
     parts of the graph that are not connected at all are separated infinitely. Returns
     ``(labels, separation)`` for the candidate with the most groups (with ``n_groups``: with
     that many groups, the best separated) among those separated by at least ``min_gap`` with
-    at most ``max_outliers`` of the nodes in smaller parts (each of those joins the group it
-    meets first along the tree), or ``(None, best separation seen)``.
+    at most ``max_outliers`` of the nodes (and at least ``min_size``) in smaller parts (each of
+    those joins the group it meets first along the tree), or ``(None, best separation seen)``.
 
     Sizes count nodes: the fit passes one node per distinct image, so that duplicates do not
     turn a pair into a group.
@@ -780,7 +788,7 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
         if best is None or count > best[0] or (count == best[0] and ratio > best[2]):
             best = (count, edges, ratio)
 
-    limit = max_outliers * n
+    limit = _outlier_limit(n, max_outliers, min_size)
     for e, (i, j, w) in enumerate(zip(ei.tolist(), ej.tolist(), ew.tolist())):
         a, b = _find(parent, i), _find(parent, j)
         big_a, big_b = size[a] >= min_size, size[b] >= min_size
@@ -798,7 +806,7 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
             n_big += 1 - int(big_a) - int(big_b)
             covered += size[a] - before
             longest = max(longest, inner[a])
-    if n_big >= 2 and n - covered <= max_outliers * n:
+    if n_big >= 2 and n - covered <= limit:
         best_ratio = math.inf
         consider(n_big, len(ew), math.inf)
     if best is None:
@@ -819,7 +827,8 @@ def density_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPARAT
     edge to any other image is at least ``min_gap`` times the longest edge of its own minimum
     spanning tree (the group's own single-linkage Dunn index). With ``demote``, a group that is
     not separated is not a group: its images, with HDBSCAN's noise, join the group they meet
-    first along the tree, while they are at most ``max_outliers`` of the nodes. Returns
+    first along the tree, while they are at most ``max_outliers`` of the nodes (or
+    ``min_size`` nodes, where that is more). Returns
     ``(labels, separation)``, ``separation`` the smallest ratio of the groups kept, or
     ``(None, smallest ratio)`` when fewer than two groups remain.
     """
@@ -846,7 +855,8 @@ def density_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPARAT
         warnings.simplefilter("ignore")
         labels = HDBSCAN(min_cluster_size=min_size, min_samples=1, metric="precomputed",
                          copy=True).fit_predict(G)
-    if labels.max() < 1 or (labels < 0).mean() > max_outliers:
+    limit = _outlier_limit(n, max_outliers, min_size)
+    if labels.max() < 1 or (labels < 0).sum() > limit:
         return None, 1.0
     ratio = _group_ratios(S, labels)
     keep = ratio >= min_gap
@@ -854,7 +864,7 @@ def density_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPARAT
         if not demote:
             return None, float(ratio.min())
         labels = np.where(keep[labels] & (labels >= 0), labels, -1)
-        if keep.sum() < 2 or (labels < 0).mean() > max_outliers:
+        if keep.sum() < 2 or (labels < 0).sum() > limit:
             return None, float(ratio.min())
     T = minimum_spanning_tree(S).tocoo()
     order = np.argsort(T.data, kind="stable")
@@ -949,24 +959,32 @@ def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP):
 
 # Where the measured noise is material, a separated group can hold two or three shapes that
 # are closer to each other than two noisy copies of one shape (their copies chain together in
-# the single-linkage tree). Each such shape adds one small eigenvalue to the normalised
-# Laplacian of the graph: the count is raised to the number of eigenvalues below the largest
-# gap among the first EIGENGAP_EIGENVALUES when that is at most EIGENGAP_MAX_EXTRA above the
-# separated count (a larger jump is the poses within big groups of copies, not shapes:
-# docs/benchmarks.rst, "How many clusters").
+# the single-linkage tree), and modularity's communities of a set with no separated partition
+# can hold them too. Each such shape adds one small eigenvalue to the normalised Laplacian of
+# the graph: the count is raised to the number of eigenvalues below the largest gap among the
+# first EIGENGAP_EIGENVALUES when that is at most EIGENGAP_MAX_EXTRA above the count found (a
+# larger jump is the poses within big groups of copies, not shapes; on noisy natural classes
+# the gap falls below modularity's count or far above it: docs/benchmarks.rst, "How many
+# clusters").
 EIGENGAP_EIGENVALUES = 40
-EIGENGAP_MAX_EXTRA = 2
+EIGENGAP_MAX_EXTRA = 3
+# ... and only where that gap is a gap: the normalised Laplacian's eigenvalues lie in [0, 2];
+# where the eigengap decided a copy set the gap was 0.28 or more, while natural classes'
+# spectra rise evenly (8 x 8 digits at +-45 degrees: largest gap 0.02-0.04)
+EIGENGAP_MIN_GAP = 0.1
 # up to this many nodes the eigenvalues come from a dense symmetric solver (deterministic);
 # above it, from ARPACK on the sparse graph with a fixed start vector
 EIGENGAP_DENSE_MAX = 2000
 
 
-def eigengap_count(graph, max_eigenvalues: int = EIGENGAP_EIGENVALUES):
+def eigengap_count(graph, max_eigenvalues: int = EIGENGAP_EIGENVALUES,
+                   min_gap: float = EIGENGAP_MIN_GAP):
     """The number of eigenvalues of the normalised Laplacian of the symmetric weighted graph
     ``graph`` (sparse ``(n, n)``) below the largest gap between consecutive ones, among the
     smallest ``m + 1``, ``m = min(max_eigenvalues, n // SEPARATED_MIN_SIZE)`` (at least 2; the
-    gap above the first eigenvalue, 0, is not counted). None for graphs too small to have 3
-    groups, or with more than ``m`` connected parts (the ``m + 1`` smallest are all 0)."""
+    gap above the first eigenvalue, 0, is not counted). None where that gap is under
+    ``min_gap`` (a spectrum with no gap), for graphs too small to have 3 groups, or with more
+    than ``m`` connected parts (the ``m + 1`` smallest are all 0)."""
     from scipy.sparse import csr_matrix
 
     n = graph.shape[0]
@@ -988,8 +1006,9 @@ def eigengap_count(graph, max_eigenvalues: int = EIGENGAP_EIGENVALUES):
         values = np.sort(np.concatenate([
             _smallest_laplacian_eigenvalues(A[nodes][:, nodes], m + 1)
             for nodes in (order[a:b] for a, b in zip(bounds[:-1], bounds[1:]))]))[:m + 1]
-    gaps = np.diff(values)
-    return int(np.argmax(gaps[1:])) + 2
+    gaps = np.diff(values)[1:]
+    best = int(np.argmax(gaps))
+    return best + 2 if gaps[best] >= min_gap else None
 
 
 def _smallest_laplacian_eigenvalues(A, count: int) -> np.ndarray:
@@ -1012,12 +1031,11 @@ def _smallest_laplacian_eigenvalues(A, count: int) -> np.ndarray:
     return np.sort(1.0 - top)
 
 
-def _eigengap_refined(labels, index, dist, index_means, dist_means, graph, random_state):
-    """Where the graph's eigengap count (:func:`eigengap_count`) is one to
-    ``EIGENGAP_MAX_EXTRA`` above the number of groups of the separated partition ``labels``,
-    Leiden's partition into that many (as with ``n_clusters`` given) if each of its parts has
-    at least ``SEPARATED_MIN_SIZE`` nodes; else None."""
-    G = _union_graph(index, dist, index_means, dist_means, graph, random_state)
+def _eigengap_refined(labels, G, random_state):
+    """Where the eigengap count of the grouped graph ``G`` (:func:`eigengap_count`) is one to
+    ``EIGENGAP_MAX_EXTRA`` above the number of groups of ``labels`` (a separated partition, or
+    modularity's communities), Leiden's partition into that many (as with ``n_clusters``
+    given) if each of its parts has at least ``SEPARATED_MIN_SIZE`` nodes; else None."""
     count = eigengap_count(G)
     found = int(labels.max()) + 1
     if count is None or not found < count <= found + EIGENGAP_MAX_EXTRA:
@@ -1056,46 +1074,58 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     groups at a gap of 1.54, where modularity gives 14), a count the fixed points do not
     support; on the noisy copy sets whose count the means get right, modularity gives as
     many groups or fewer (``benchmarks/results/count.json``). Where the noise is material
-    (``means_edges`` given), a separated partition is refined by the graph's eigengap
-    (:func:`_eigengap_refined`): shapes closer to each other than two noisy copies of one
-    chain together in the tree and in the means. Returns ``(labels, rule, separation)``:
-    ``rule`` "separated" (the samples' graph), "separated_means", "eigengap" or
-    "modularity"; ``separation`` the separated partition's gap ratio, or where none is
-    separated the largest ratio seen on the samples' graph.
+    (``means_edges`` given), the partition (separated, or modularity's) is refined by the
+    graph's eigengap (:func:`_eigengap_refined`): shapes closer to each other than two noisy
+    copies of one chain together in the tree and in the means, and modularity merges them.
+    Returns ``(labels, rule, separation)``: ``rule`` "separated" (the samples' graph),
+    "separated_means", "eigengap" or "modularity"; ``separation`` the separated partition's
+    gap ratio, or where none is separated the largest ratio seen on the samples' graph.
     """
+    union = []
+
+    def grouped_graph():
+        # built once: modularity and the eigengap read the same graph
+        if not union:
+            union.append(_union_graph(index, dist, index_means, dist_means, graph,
+                                      random_state))
+        return union[0]
+
+    def modularity():
+        return _leiden_count(index, dist, index_means, dist_means, graph, modes, random_state,
+                             G=grouped_graph())
+
     labels, separation = finest_separated(index, dist)
     rule = "separated"
     if means_edges is not None and means_edges[0].shape[1] > 0:
         labels_m, separation_m = separated_groups(*means_edges,
                                                   min_gap=SEPARATED_MEANS_MIN_GAP)
         if labels_m is not None and (labels is None or labels_m.max() > labels.max()):
-            if labels is None:
-                # never fewer groups than modularity would give
-                coarse = _leiden_count(index, dist, index_means, dist_means, graph, modes,
-                                       random_state)
-                if coarse.max() > labels_m.max():
-                    return coarse, "modularity", separation
-            labels, separation, rule = labels_m, separation_m, "separated_means"
-    if labels is not None:
-        if means_edges is not None:
-            finer = _eigengap_refined(labels, index, dist, index_means, dist_means, graph,
-                                      random_state)
-            if finer is not None:
-                return finer, "eigengap", separation
-        return labels, rule, separation
-    return (_leiden_count(index, dist, index_means, dist_means, graph, modes, random_state),
-            "modularity", separation)
+            # never fewer groups than modularity would give
+            coarse = modularity() if labels is None else None
+            if coarse is not None and coarse.max() > labels_m.max():
+                labels, rule = coarse, "modularity"
+            else:
+                labels, separation, rule = labels_m, separation_m, "separated_means"
+    if labels is None:
+        labels, rule = modularity(), "modularity"
+    if means_edges is not None:
+        finer = _eigengap_refined(labels, grouped_graph(), random_state)
+        if finer is not None:
+            return finer, "eigengap", separation
+    return labels, rule, separation
 
 
-def _leiden_count(index, dist, index_means, dist_means, graph, modes, random_state):
+def _leiden_count(index, dist, index_means, dist_means, graph, modes, random_state, G=None):
     """``n_clusters=None`` with Leiden: resolution 1 on the graph, merged along the means'
     own communities (see :func:`merge_by_modes`); then, as with ``n_clusters`` given, a
     community under ``_MIN_PART_FRACTION`` of the typical community size is not a cluster and
-    joins the community it is most strongly joined to (:func:`_absorb_tiny_communities`)."""
+    joins the community it is most strongly joined to (:func:`_absorb_tiny_communities`).
+    ``G``: the grouped graph (:func:`_union_graph`) if it is already built."""
     merge = not (modes is None or index_means is None or index_means.shape[1] == 0)
     Gm = (_means_graph(index_means, dist_means, random_state)
           if merge and graph != "samples" else None)
-    G = _union_graph(index, dist, index_means, dist_means, graph, random_state, means=Gm)
+    if G is None:
+        G = _union_graph(index, dist, index_means, dist_means, graph, random_state, means=Gm)
     labels = leiden(G, None, random_state)
     # the meet of the modes and the means' communities is finer than the modes: where the
     # modes alone merge nothing, neither does the meet, and the means' Leiden is not run

@@ -123,6 +123,40 @@ def test_noisy_shapes_closer_than_their_copies_counted_by_the_eigengap(monkeypat
     assert _fit(X).n_clusters_ == found_before
 
 
+@pytest.mark.parametrize("n_shapes, n_copies, seed", [(8, 4, 3), (12, 4, 1), (8, 4, 1)])
+def test_noisy_shapes_merged_by_modularity_counted_by_the_eigengap(monkeypatch, n_shapes,
+                                                                   n_copies, seed):
+    # no partition of these noisy sets is separated, and modularity's communities hold two or
+    # three shapes each; the eigengap of the same graph counts them all
+    import invariant_cluster._grouping as grouping
+
+    X, y = _copies(n_shapes, n_copies, seed=seed, noise=0.1, noise_seed=seed + 1)
+    est = _fit(X)
+    assert est.count_rule_ == "eigengap"
+    assert est.n_clusters_ == n_shapes
+    assert adjusted_rand_score(y, est.labels_) >= 0.95
+    monkeypatch.setattr(grouping, "_eigengap_refined", lambda *args: None)
+    before = _fit(X)
+    assert before.count_rule_ == "modularity"
+    assert before.n_clusters_ < n_shapes
+
+
+def test_eigengap_count_needs_a_gap():
+    # the kNN graph of points spread evenly over a square: eigenvalues that rise evenly have
+    # a largest gap, but not a gap
+    from scipy.sparse import csr_matrix
+
+    pts = np.random.default_rng(0).random((400, 2))
+    index, dist = _knn(pts, 10)
+    W = csr_matrix((np.exp(-dist.ravel() / dist.mean()),
+                    (np.repeat(np.arange(400), 10), index.ravel())), shape=(400, 400))
+    W = W.maximum(W.T)
+    assert eigengap_count(W) is None
+    assert eigengap_count(W, min_gap=0.0) is not None
+    # blocks keep their count at any gap they show
+    assert eigengap_count(_blocks((20, 20, 20)), min_gap=0.5) == 3
+
+
 def _blocks(sizes, inside=1.0, between=0.01, seed=0):
     """A symmetric weighted graph of dense blocks of ``sizes`` nodes (weights about
     ``inside``), every pair of nodes in different blocks joined with probability 0.2 by an
@@ -380,6 +414,22 @@ def test_group_not_separated_is_demoted():
     assert len(set(labels[9:])) == 1
     assert density_groups(index, dist, max_outliers=0.5, demote=False)[0] is None
     assert density_groups(index, dist, max_outliers=0.25)[0] is None  # 6 of 15 images
+
+
+def test_small_graph_may_demote_one_group():
+    # seven separated triples and a loose one (spread 0.3, 0.35 from the seventh: ratio 1.17):
+    # its 3 images are 12.5% of 24, more than SEPARATED_MAX_OUTLIERS, but one group's worth;
+    # they join the group they meet first
+    pts, y = _uneven_triples((0.1,) * 7)
+    loose = pts[-2] + np.c_[[0.35, 0.65, 0.95], [0.0, 0.0, 0.0]]
+    index, dist = _knn(np.concatenate([pts, loose]), 5)
+    labels, ratio = density_groups(index, dist)
+    assert labels.max() + 1 == 7 and ratio >= 1.25
+    assert adjusted_rand_score(y, labels[:21]) == 1.0
+    assert set(labels[21:]) == {labels[20]}
+    # six loose images of 27 are more than either bound
+    more = pts[-2] + np.c_[[0.35, 0.65, 0.95, 1.25, 1.55, 1.85], np.zeros(6)]
+    assert density_groups(*_knn(np.concatenate([pts, more]), 5))[0] is None
 
 
 def test_no_density_groups_in_a_continuum():
