@@ -730,7 +730,8 @@ HEADLINES = [("clustering", _headline_clustering), ("noise_filter_10000", _headl
              ("cryoem_ctf", _headline_cryoem_ctf),
              ("cryoem_ctf", _headline_cryoem_ctf_neighbours),
              ("count", _headline_count, "count_draws_seed1", "count_draws_seed2",
-              "count_draws_seed3", "count_draws_seed4"),
+              "count_draws_seed3", "count_draws_seed4", "count_draws_seed5",
+              "count_draws_seed6"),
              ("alignment", _headline_alignment)]
 
 

@@ -546,7 +546,7 @@ def resolve_graph(graph, index, index_means):
 
 
 def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, random_state,
-          modes=None, means_edges=None, connect=None):
+          modes=None, means_edges=None, connect=None, refined=None):
     """Labels from the samples' and the means' kNN graphs (``(n, k)`` arrays, self left out).
 
     ``graph``: "samples", "means", "both" (the union of their fuzzy graphs) or "auto" ("both"
@@ -558,7 +558,8 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
     ``n_clusters=None`` with "leiden" (:func:`count_groups`). ``connect``: where no resolution
     gives ``n_clusters`` parts, a function of ``n_clusters`` that returns the modes of the
     converged means (more than ``n_clusters``), one node per mode and the kNN graph among those
-    nodes (:func:`group_components`), or None.
+    nodes (:func:`group_components`), or None. ``refined``: the samples' edges' refined
+    distances, lazily, for the count (:func:`finest_separated`).
     With ``n_clusters`` and "leiden", a separated partition of the samples' graph with that
     many groups is taken when there is one (copy sets: Leiden's resolution search cuts chains
     of copies at arbitrary places). Returns ``(labels, graph_used, rule, separation)``: ``rule``
@@ -575,7 +576,7 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
         return np.arange(n), graph, "given", None
     if n_clusters is None and grouping == "leiden":
         labels, rule, separation = count_groups(index, dist, index_means, dist_means, graph,
-                                                modes, random_state, means_edges)
+                                                modes, random_state, means_edges, refined)
         return labels, graph, rule, separation
     if grouping == "leiden":
         labels, separation = separated_groups(index, dist, n_groups=int(n_clusters))
@@ -748,7 +749,8 @@ def _symmetric_distances(index: np.ndarray, dist: np.ndarray):
 
 def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPARATED_MIN_GAP,
                      min_size: int = SEPARATED_MIN_SIZE,
-                     max_outliers: float = SEPARATED_MAX_OUTLIERS, n_groups=None):
+                     max_outliers: float = SEPARATED_MAX_OUTLIERS, n_groups=None,
+                     accept=None):
     """The finest separated partition of a kNN graph, if it has one.
 
     The minimum spanning tree of the graph (its single-linkage tree) is built edge by edge,
@@ -762,7 +764,8 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
     those joins the group it meets first along the tree), or ``(None, best separation seen)``.
 
     Sizes count nodes: the fit passes one node per distinct image, so that duplicates do not
-    turn a pair into a group.
+    turn a pair into a group. ``accept``: a test of a candidate's labels (the finest candidate
+    that passes it is returned).
     """
     from scipy.sparse.csgraph import minimum_spanning_tree
 
@@ -779,14 +782,12 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
     inner = [0.0] * n  # longest tree edge inside each part
     n_big = n if min_size <= 1 else 0
     covered, longest = n_big, 0.0
-    best, best_ratio = None, 1.0  # (groups, edges taken, ratio) of the chosen candidate
+    best_ratio = 1.0
+    found = []  # (groups, ratio, edges taken) of every candidate
 
     def consider(count, edges, ratio):
-        nonlocal best
-        if ratio < min_gap or (n_groups is not None and count != n_groups):
-            return
-        if best is None or count > best[0] or (count == best[0] and ratio > best[2]):
-            best = (count, edges, ratio)
+        if ratio >= min_gap and (n_groups is None or count == n_groups):
+            found.append((count, ratio, edges))
 
     limit = _outlier_limit(n, max_outliers, min_size)
     for e, (i, j, w) in enumerate(zip(ei.tolist(), ej.tolist(), ew.tolist())):
@@ -809,14 +810,18 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
     if n_big >= 2 and n - covered <= limit:
         best_ratio = math.inf
         consider(n_big, len(ew), math.inf)
-    if best is None:
-        return None, best_ratio
-    return _cut_tree(n, ei, ej, best[1], min_size), best_ratio
+    # the most groups first, the better separated on a tie (the earlier cut on a tie of both)
+    for _, _, edges in sorted(found, key=lambda c: (-c[0], -c[1], c[2])):
+        labels = _cut_tree(n, ei, ej, edges, min_size)
+        if accept is None or accept(labels):
+            return labels, best_ratio
+    return None, best_ratio
 
 
 def density_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPARATED_MIN_GAP,
                    min_size: int = SEPARATED_MIN_SIZE,
-                   max_outliers: float = SEPARATED_MAX_OUTLIERS, demote: bool = True):
+                   max_outliers: float = SEPARATED_MAX_OUTLIERS, demote: bool = True,
+                   refined=None):
     """The clusters of a kNN graph's single-linkage tree that scikit-learn's HDBSCAN selects
     (excess of mass, ``min_cluster_size=min_size``, ``min_samples=1``), if each is separated by
     its own gap.
@@ -830,7 +835,9 @@ def density_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPARAT
     first along the tree, while they are at most ``max_outliers`` of the nodes (or
     ``min_size`` nodes, where that is more). Returns
     ``(labels, separation)``, ``separation`` the smallest ratio of the groups kept, or
-    ``(None, smallest ratio)`` when fewer than two groups remain.
+    ``(None, smallest ratio)`` when fewer than two groups remain. ``refined``: the same graph
+    with other distances (symmetric sparse, as :func:`_symmetric_distances` gives), on which
+    each group must be separated by ``min_gap`` too.
     """
     from scipy.sparse.csgraph import minimum_spanning_tree
     from sklearn.cluster import HDBSCAN
@@ -860,6 +867,8 @@ def density_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPARAT
         return None, 1.0
     ratio = _group_ratios(S, labels)
     keep = ratio >= min_gap
+    if refined is not None:
+        keep &= _group_ratios(refined, labels) >= min_gap
     if not keep.all():
         if not demote:
             return None, float(ratio.min())
@@ -943,13 +952,36 @@ def _cut_tree(n, ei, ej, n_edges, min_size):
     return _join_first_met(group, parts[ei[n_edges:]], parts[ej[n_edges:]])[parts]
 
 
-def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP):
+def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP, refined=None):
     """The finer of the two separated partitions of a kNN graph: one cut of its single-linkage
     tree (:func:`separated_groups`, one gap for all groups) and HDBSCAN's clusters of the tree,
     each separated by its own gap (:func:`density_groups`). Either may be None; returns
-    ``(labels, separation)`` as they do, the cut on a tie."""
+    ``(labels, separation)`` as they do, the cut on a tie.
+
+    ``refined``: None, or a function that returns the distances of the same edges
+    continuously refined (``(n, k)``, as ``dist``), called only where a partition is
+    separated on ``dist``. The partitions are then those whose groups are separated on both
+    distances, where there are any. A grid search leaves each pair up to half a grid step
+    off: a dozen copies of one shape whose angles fall in two sets half a step apart are two
+    groups on the grid's distances, and one on the refined ones, where distinct shapes stay
+    apart. Where no partition is separated on the refined distances (noisy shapes that the
+    refinement brings as close as two noisy copies of one), they tell no split of the grid
+    from another, and the grid's partitions stand.
+    """
     labels, separation = separated_groups(index, dist, min_gap=min_gap)
     labels_d, separation_d = density_groups(index, dist, min_gap=min_gap)
+    if refined is not None and (labels is not None or labels_d is not None):
+        S = _symmetric_distances(index, refined())
+
+        def accept(candidate):
+            return bool(_group_ratios(S, candidate).min() >= min_gap)
+
+        both = (labels, separation)
+        if labels is not None and not accept(labels):
+            both = separated_groups(index, dist, min_gap=min_gap, accept=accept)
+        both_d = density_groups(index, dist, min_gap=min_gap, refined=S)
+        if both[0] is not None or both_d[0] is not None:
+            (labels, separation), (labels_d, separation_d) = both, both_d
     if labels_d is not None and (labels is None or labels_d.max() > labels.max()):
         return labels_d, separation_d
     if labels is None:
@@ -1048,7 +1080,7 @@ def _eigengap_refined(labels, G, random_state):
 
 
 def count_groups(index, dist, index_means, dist_means, graph, modes, random_state,
-                 means_edges=None):
+                 means_edges=None, refined=None):
     """``n_clusters=None``: the finer of the separated partitions of the samples' kNN graph
     (gap ``SEPARATED_MIN_GAP``, :func:`finest_separated`) and of the converged means' graph
     (gap ``SEPARATED_MEANS_MIN_GAP``, the single cut alone: HDBSCAN's clusters of the means
@@ -1094,7 +1126,7 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
         return _leiden_count(index, dist, index_means, dist_means, graph, modes, random_state,
                              G=grouped_graph())
 
-    labels, separation = finest_separated(index, dist)
+    labels, separation = finest_separated(index, dist, refined=refined)
     rule = "separated"
     if means_edges is not None and means_edges[0].shape[1] > 0:
         labels_m, separation_m = separated_groups(*means_edges,

@@ -78,38 +78,42 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
     Parameters
     ----------
     n_clusters : int or None, default=None
-        None: the data decide how many. A group of at least 3 distinct images is separated
-        when its shortest edge to any other image is at least 1.25 times the longest edge of
-        the single-linkage tree inside it. Two partitions of the samples' invariant kNN graph
-        are tested, with at most 10% of the images left outside the groups (they join the
-        group they meet first): one cut of the single-linkage tree, all of whose groups are
-        separated by the same gap, and HDBSCAN's clusters of the tree (excess of mass), each
-        separated by its own gap (the images of a cluster that is not join the group they
-        meet first), for groups whose spreads differ. The finer is taken; where the
-        measured noise is material (``noise_std_`` at least 10% of the images' standard
-        deviation), that of the converged means' graph when it is finer (gap 1.5; and,
-        where the samples' graph has none, not coarser than modularity's count): the
-        iteration collapses each group of noisy copies onto one invariant mean, so the means
-        are separated where noisy samples are not. With such noise, shapes closer to each
-        other than two noisy copies of one chain together in both graphs, and each adds one
-        small eigenvalue to the normalised Laplacian of the graph: where the largest gap
-        among its 40 smallest eigenvalues lies one or two places above the separated count,
-        Leiden's partition into that many groups is taken, if each has at least 3 distinct
-        images. Copies of a few shapes give separated partitions whatever their number and
-        size (``benchmarks/results/count.json``);
-        natural classes, which chain into each other, do not (``separation_`` 1.00-1.02 on
-        rotated MNIST and Fashion-MNIST, ``count_natural*.json``). There, Leiden at
-        resolution 1 (modularity) counts, the best of the typical ones of 10 seeded runs
-        (a split that only the run of highest modularity makes is not taken), its
-        communities merged where the converged means collapsed them onto one mode.
-        ``count_rule_`` says which rule decided and ``separation_`` the ratio. The count can
-        be wrong where copies of one shape are farther apart than two shapes (8 x 8 digits
-        of the same class at arbitrary angles, noise as large as the distance between two
-        shapes, copies shifted farther apart than ``max_translation`` on a background
-        ``center`` does not centre) and where natural classes are not modularity's
-        communities, nearly always by merging two shapes into one cluster; inspect
-        ``cluster_centers_`` before trusting it, and give the count where it is known (the
-        groups are then found where the count alone was missed, ``count_draws_seed*.json``).
+        None: the data decide how many. A group of at least 3 distinct images is separated when
+        its shortest edge to any other image is at least 1.25 times the longest edge of the
+        single-linkage tree inside it. Two partitions of the samples' invariant kNN graph are
+        tested, with at most 10% of the images (or 3, where that is more) left outside the
+        groups (they join the group they meet first): one cut of the single-linkage tree, all
+        of whose groups are separated by the same gap, and HDBSCAN's clusters of the tree
+        (excess of mass), each separated by its own gap (the images of a cluster that is not
+        join the group they meet first), for groups whose spreads differ. With ``refine=True``
+        each group must also be separated on the continuously refined distances of the same
+        edges (the grid leaves a pair up to half a grid step off: a dozen copies of one shape
+        whose angles fall in two sets half a step apart are two groups on the grid's distances,
+        not on the refined ones). The finer is taken; where the measured noise is material
+        (``noise_std_`` at least 10% of the images' standard deviation), that of the converged
+        means' graph when it is finer (gap 1.5; and, where the samples' graph has none, not
+        coarser than modularity's count): the iteration collapses each group of noisy copies
+        onto one invariant mean, so the means are separated where noisy samples are not. With
+        such noise, shapes closer to each other than two noisy copies of one chain together in
+        both graphs, and each adds one small eigenvalue to the normalised Laplacian of the
+        graph: where the largest gap among its 40 smallest eigenvalues (at least 0.1: natural
+        classes' eigenvalues rise evenly) lies one to three places above the count found
+        (separated, or modularity's where none is), Leiden's partition into that many groups is
+        taken, if each has at least 3 distinct images. Copies of a few shapes give separated
+        partitions whatever their number and size (``benchmarks/results/count.json``); natural
+        classes, which chain into each other, do not (``separation_`` 1.00-1.02 on rotated
+        MNIST and Fashion-MNIST, ``count_natural*.json``). There, Leiden at resolution 1
+        (modularity) counts, the best of the typical ones of 10 seeded runs (a split that only
+        the run of highest modularity makes is not taken), its communities merged where the
+        converged means collapsed them onto one mode. ``count_rule_`` says which rule decided
+        and ``separation_`` the ratio. The count can be wrong where copies of one shape are
+        farther apart than two shapes (8 x 8 digits of the same class at arbitrary angles,
+        noise as large as the distance between two shapes, copies shifted farther apart than
+        ``max_translation`` on a background ``center`` does not centre) and where natural
+        classes are not modularity's communities, mostly by merging two shapes into one
+        cluster; inspect ``cluster_centers_`` before trusting it, and give the count where it
+        is known (the groups are then found where the count alone was missed,
+        ``count_draws_seed*.json``).
         An int: with ``grouping="leiden"``, the separated partition with ``n_clusters`` groups
         when there is one, else Leiden's resolution is searched until the partition
         has ``n_clusters`` parts of at least 2% of ``n_samples / n_clusters`` samples each (a
@@ -213,8 +217,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         ``max_i ||m_i(t+1) - m_i(t)|| / sigma_i``, is below ``tol``.
     refine : bool, default=True
         Refine continuously (angle and sub-pixel shift) the alignments of every sample onto its
-        cluster centre and the distances of ``transform``/``predict``. The kNN searches use the
-        grid only.
+        cluster centre and the distances of ``transform``/``predict``, and, with
+        ``n_clusters=None``, the kNN graph's distances on which a separated partition is
+        tested (see ``n_clusters``). The kNN searches use the grid only.
     image_shape : tuple (H, W) or (C, H, W), optional
         How to fold rows of ``X``; None: square if ``n_features`` is a perfect square, else a
         ``1 x n_features`` image.
@@ -276,14 +281,15 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
     count_rule_ : str
         What decided the number of clusters: "given" (``n_clusters``), "separated" (separated
         groups of the samples' kNN graph), "separated_means" (separated groups of the
-        converged means' kNN graph), "eigengap" (a separated count raised to the graph's
-        eigengap count), "modularity" (Leiden at resolution 1, see ``n_clusters``) or
+        converged means' kNN graph), "eigengap" (a separated count, or modularity's, raised
+        to the graph's eigengap count), "modularity" (Leiden at resolution 1, see ``n_clusters``) or
         "hdbscan" (``grouping="umap"``, ``n_clusters=None``).
     separation_ : float or None
         The gap ratio behind the count (see ``n_clusters``): the shortest edge between two
         groups over the longest edge inside one, for the separated partition taken (for
         HDBSCAN's clusters, the smallest of the groups' own ratios); where
-        none was separated (``count_rule_`` "modularity"), the largest ratio seen, below
+        none was separated (``count_rule_`` "modularity", or "eigengap" raised from it),
+        the largest ratio seen, below
         1.25. None where no separated partition was tested.
     search_plan_ : SearchPlan
         How the kNN graph of the distinct images was searched (exact or shortlist, the
@@ -543,7 +549,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                 workers.join()
             labels, Dg = self._group(
                 D, idx, M, grid, k, seed, rho + sigma,
-                count_means=self.n_clusters is None and self._noise_is_material(Xt))
+                count_means=self.n_clusters is None and self._noise_is_material(Xt),
+                refined=self._refined_edges(Xt, D, idx, P) if self.refine else None)
             stage.update()
             stage.close()
             self._log(f"{int(labels.max()) + 1} clusters ({time.perf_counter() - t0:.1f} s)")
@@ -674,7 +681,23 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
             return False
         return self.noise_std_ >= NOISY_FRACTION * float(Xt.std())
 
-    def _group(self, D, idx, M, grid, k, seed, tol_modes, count_means=False):
+    def _refined_edges(self, Xt, D, idx, P):
+        """A function that returns the distances of the kNN graph ``(D, idx)`` continuously
+        refined from the grid's alignments ``P``, as ``_finite_dist`` gives them (the count's
+        test of a separated partition, :func:`~invariant_cluster._grouping.finest_separated`;
+        run only where one is)."""
+        def refined():
+            m, k = idx.shape
+            flat = D.reshape(-1).clone()
+            pairs = torch.nonzero(torch.isfinite(flat)).ravel()
+            qi = torch.div(pairs, k, rounding_mode="floor")
+            d, _ = refine_pairs(Xt, Xt, qi, idx.reshape(-1)[pairs],
+                                P.reshape(m * k, -1)[pairs], self._grid(True))
+            flat[pairs] = torch.minimum(flat[pairs], d.to(flat.dtype))
+            return _finite_dist(flat.reshape(m, k))
+        return refined
+
+    def _group(self, D, idx, M, grid, k, seed, tol_modes, count_means=False, refined=None):
         """Labels (largest cluster first) from the samples' graph ``(D, idx)``, the means'
         graph, or their union (see ``graph``); and the distances of the graph that ranks each
         cluster's densest member. ``tol_modes``: the edge length within which two converged
@@ -742,7 +765,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
 
         labels, self.graph_, self.count_rule_, separation = group(
             idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m, self.n_clusters, graph,
-            self.grouping, seed, modes, means_edges, connect=connect if k > 0 else None)
+            self.grouping, seed, modes, means_edges, connect=connect if k > 0 else None,
+            refined=refined if self.n_clusters is None and k > 0 else None)
         self.separation_ = None if separation is None else float(separation)
         return _relabel_by_size(labels), Dg
 

@@ -432,6 +432,94 @@ def test_small_graph_may_demote_one_group():
     assert density_groups(*_knn(np.concatenate([pts, more]), 5))[0] is None
 
 
+def _two_level_groups(k=5):
+    """Three groups of 6 points 10 apart, the first made of two triples 0.5 apart (spread
+    0.1), the others rows of 6 points 0.1 apart; its kNN graph (k=5), and distances where
+    the two triples' edges are as short as their own (what a refinement would give for
+    copies of one shape half a grid step apart). With ``k`` of 6 or more the graph is
+    connected."""
+    tri = np.array([[0.0, 0.0], [0.1, 0.0], [0.05, 0.08]])
+    row = np.c_[0.1 * np.arange(6), np.zeros(6)]
+    pts = np.concatenate([tri, tri + [0.5, 0.0], row + [10.0, 0.0], row + [20.0, 0.0]])
+    index, dist = _knn(pts, k)
+    first = np.arange(18) < 6
+    close = dist.copy()
+    close[first[:, None] & first[index]] = 0.1
+    return index, dist, close, np.repeat(np.arange(3), 6)
+
+
+def test_separated_groups_take_the_finest_accepted_candidate():
+    index, dist, _, y = _two_level_groups()
+    labels, _ = separated_groups(index, dist)
+    assert labels.max() + 1 == 4
+    labels, _ = separated_groups(index, dist, accept=lambda c: c.max() + 1 <= 3)
+    assert adjusted_rand_score(y, labels) == 1.0
+    assert separated_groups(index, dist, accept=lambda c: False)[0] is None
+
+
+def test_finest_separated_tested_on_refined_distances():
+    # the two triples are two groups on the grid's distances and one on the refined ones;
+    # refined distances are asked for only where a partition is separated
+    index, dist, close, y = _two_level_groups()
+    assert finest_separated(index, dist)[0].max() + 1 == 4
+    calls = []
+
+    def refined():
+        calls.append(1)
+        return close
+
+    labels, ratio = finest_separated(index, dist, refined=refined)
+    assert adjusted_rand_score(y, labels) == 1.0 and ratio >= 1.25
+    assert len(calls) == 1
+    rng = np.random.default_rng(0)
+    assert finest_separated(*_knn(rng.random((300, 2)), 5), refined=refined)[0] is None
+    assert len(calls) == 1
+    # parts the graph does not join are separated on any distances
+    labels, _ = finest_separated(index, dist, refined=lambda: np.ones_like(dist))
+    assert adjusted_rand_score(y, labels) == 1.0
+    # refined distances that separate no partition of a connected graph tell no split from
+    # another: the grid's partition stands
+    index, dist, close, y = _two_level_groups(k=8)
+    assert finest_separated(index, dist)[0].max() + 1 == 4
+    assert adjusted_rand_score(y, finest_separated(index, dist, refined=lambda: close)[0]) == 1
+    labels, _ = finest_separated(index, dist, refined=lambda: np.ones_like(dist))
+    assert labels.max() + 1 == 4
+
+
+def _arc_copies(shape, n_copies, rng):
+    """``n_copies`` copies of ``shape`` (2-D float32), half at angles 1.5 degrees past a
+    multiple of 10 and half 6.5 past one: two sets half a step of the default grid (36
+    angles) apart."""
+    from invariant_cluster.transforms import warp_se2
+
+    half = n_copies // 2
+    angles = np.r_[10 * rng.integers(-18, 18, half) + 1.5,
+                   10 * rng.integers(-18, 18, n_copies - half) + 6.5]
+    x = torch.as_tensor(shape, dtype=torch.float32)[None, None].expand(n_copies, 1, *shape.shape)
+    params = torch.zeros(n_copies, 3)
+    params[:, 0] = torch.as_tensor(angles, dtype=torch.float32)
+    return warp_se2(x, params).numpy()[:, 0]
+
+
+@pytest.mark.parametrize("picks", [(0, 1, 2), (3, 4, 5)])
+def test_copies_half_a_grid_step_apart_are_one_group(picks):
+    # 12 copies of the first shape in two sets of angles half a grid step apart: the grid's
+    # distances split them (refine=False: 4 clusters), the refined distances do not
+    rng = np.random.default_rng(0)
+    shapes = [np.pad(np.kron(DIGITS[i], np.ones((2, 2))), 6).astype(np.float32) / 16
+              for i in picks]
+    X = np.concatenate([_arc_copies(shapes[0], 12, rng)]
+                       + [make_transformed_copies(s, 12, max_rotation=180, random_state=j)[0]
+                          for j, s in enumerate(shapes[1:])]).reshape(36, -1)
+    y = np.repeat(np.arange(3), 12)
+    est = _fit(X)
+    assert est.n_clusters_ == 3 and est.count_rule_ == "separated"
+    assert adjusted_rand_score(y, est.labels_) == 1.0
+    grid_only = _fit(X, refine=False)
+    assert grid_only.n_clusters_ == 4
+    assert len(set(grid_only.labels_[:12])) == 2
+
+
 def test_no_density_groups_in_a_continuum():
     rng = np.random.default_rng(0)
     for k in (5, 10):
