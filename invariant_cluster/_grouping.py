@@ -27,6 +27,7 @@ they were chosen" (``docs/user_guide/convergence.rst``), and ``benchmarks/bench_
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -976,10 +977,13 @@ def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP, refined=No
         def accept(candidate):
             return bool(_group_ratios(S, candidate).min() >= min_gap)
 
-        both = (labels, separation)
+        both, both_d = (labels, separation), (labels_d, separation_d)
         if labels is not None and not accept(labels):
             both = separated_groups(index, dist, min_gap=min_gap, accept=accept)
-        both_d = density_groups(index, dist, min_gap=min_gap, refined=S)
+        # the refined test only demotes groups: where HDBSCAN's clusters gave no partition on
+        # the grid's distances, they give none on both
+        if labels_d is not None:
+            both_d = density_groups(index, dist, min_gap=min_gap, refined=S)
         if both[0] is not None or both_d[0] is not None:
             (labels, separation), (labels_d, separation_d) = both, both_d
     if labels_d is not None and (labels is None or labels_d.max() > labels.max()):
@@ -1113,14 +1117,9 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     "separated_means", "eigengap" or "modularity"; ``separation`` the separated partition's
     gap ratio, or where none is separated the largest ratio seen on the samples' graph.
     """
-    union = []
-
-    def grouped_graph():
-        # built once: modularity and the eigengap read the same graph
-        if not union:
-            union.append(_union_graph(index, dist, index_means, dist_means, graph,
-                                      random_state))
-        return union[0]
+    # built once, where needed: modularity and the eigengap read the same graph
+    grouped_graph = functools.cache(
+        lambda: _union_graph(index, dist, index_means, dist_means, graph, random_state))
 
     def modularity():
         return _leiden_count(index, dist, index_means, dist_means, graph, modes, random_state,
