@@ -628,19 +628,19 @@ def _headline_fashion(r):
             "the-invariant-knn-graph")
 
 
-def _headline_gpu(r, cpu, fresh=None):
-    """The card's row; ``cpu``: ``scaling_fashion70k.json`` (or None), the same fit on a CPU;
-    ``fresh``: ``gpu_fresh.json`` (or None), a new process's first fit with empty caches."""
+def _headline_gpu(r, cpu):
+    """The card's row; ``cpu``: ``scaling_fashion70k.json`` (or None), the same fit on a CPU.
+    The ``fresh`` rows of ``gpu.json``, where it has them, give a new process's first fit
+    with empty caches."""
     rows = r["rows"]
     first = _row(rows, row="fashion", path="default (first fit in process)")
     second = _row(rows, row="fashion", path="default (second fit)")
     tr = _row(rows, row="transformer")
     on_cpu = cpu and _row(cpu["rows"], n=first["n"], method="InvariantAttentionClusterer")
     cores = ((cpu or {}).get("env") or {}).get("cpu_count")
-    new = fresh and [x for x in fresh["rows"] if x.get("row") == "fresh"
-                     and x.get("order") == "fit-first" and x.get("n") == first["n"]]
-    cold = (f", {new[0]['first_fit_s']:.1f} s with empty caches (`gpu_fresh.json`)"
-            if new else "")
+    new = [x for x in rows if x.get("row") == "fresh" and x.get("order") == "fit-first"
+           and x.get("n") == first["n"]]
+    cold = f", {new[0]['first_fit_s']:.1f} s on a fresh machine" if new else ""
     # measured on another day, the CPU's figure may be another version's: its date is given
     cpu_date = ((cpu or {}).get("env") or {}).get("date")
     when = (f" ({cpu_date}, another version)"
@@ -726,7 +726,7 @@ def _headline_alignment(r):
 # argument: None where absent])
 HEADLINES = [("clustering", _headline_clustering), ("noise_filter_10000", _headline_noise),
              ("scaling_fashion70k", _headline_fashion),
-             ("gpu", _headline_gpu, "scaling_fashion70k", "gpu_fresh"),
+             ("gpu", _headline_gpu, "scaling_fashion70k"),
              ("cryoem_ctf", _headline_cryoem_ctf),
              ("cryoem_ctf", _headline_cryoem_ctf_neighbours),
              ("count", _headline_count, "count_draws_seed1", "count_draws_seed2",

@@ -35,7 +35,8 @@ __all__ = ["SearchPlan", "make_search_plan", "default_n_candidates"]
 # 2026-11-27) the fit of all 70,000 Fashion-MNIST images (63 grid points, work 4.4e6) took
 # 23.2 s with the exact search against 7.8 s with the default shortlist; at 10,000 rotated
 # MNIST digits (24 angles, work 2.4e5, exact by this rule) the exact and the shortlisted fits
-# took 1.26 s and 1.25 s (gpu.json: 1.54 s and 1.88 s), the kNN stage about 0.14 s of either:
+# took 1.26 s and 1.25 s (gpu_2026-11-27.json: 1.54 s and 1.88 s; gpu.json, 2026-11-28:
+# 1.17 s and 1.03 s), the kNN stage about 0.14 s of either:
 # the crossover lies between, and the factor 5 is not pinned down more finely than that.
 EXACT_WORK = {"cpu": 4000 * 36, "cuda": 5 * 4000 * 36}
 
