@@ -547,7 +547,7 @@ def resolve_graph(graph, index, index_means):
 
 
 def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, random_state,
-          modes=None, means_edges=None, connect=None, refined=None):
+          modes=None, means_edges=None, connect=None, refined=None, refined_means=None):
     """Labels from the samples' and the means' kNN graphs (``(n, k)`` arrays, self left out).
 
     ``graph``: "samples", "means", "both" (the union of their fuzzy graphs) or "auto" ("both"
@@ -559,8 +559,8 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
     ``n_clusters=None`` with "leiden" (:func:`count_groups`). ``connect``: where no resolution
     gives ``n_clusters`` parts, a function of ``n_clusters`` that returns the modes of the
     converged means (more than ``n_clusters``), one node per mode and the kNN graph among those
-    nodes (:func:`group_components`), or None. ``refined``: the samples' edges' refined
-    distances, lazily, for the count (:func:`finest_separated`).
+    nodes (:func:`group_components`), or None. ``refined``, ``refined_means``: the samples' and
+    the means' edges' refined distances, lazily, for the count (:func:`count_groups`).
     With ``n_clusters`` and "leiden", a separated partition of the samples' graph with that
     many groups is taken when there is one (copy sets: Leiden's resolution search cuts chains
     of copies at arbitrary places). Returns ``(labels, graph_used, rule, separation)``: ``rule``
@@ -577,7 +577,8 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
         return np.arange(n), graph, "given", None
     if n_clusters is None and grouping == "leiden":
         labels, rule, separation = count_groups(index, dist, index_means, dist_means, graph,
-                                                modes, random_state, means_edges, refined)
+                                                modes, random_state, means_edges, refined,
+                                                refined_means)
         return labels, graph, rule, separation
     if grouping == "leiden":
         labels, separation = separated_groups(index, dist, n_groups=int(n_clusters))
@@ -953,6 +954,25 @@ def _cut_tree(n, ei, ej, n_edges, min_size):
     return _join_first_met(group, parts[ei[n_edges:]], parts[ej[n_edges:]])[parts]
 
 
+def _separated_on_refined(index, dist, labels, separation, min_gap, refined):
+    """The single cut ``(labels, separation)`` of :func:`separated_groups` on ``(index,
+    dist)``, tested on the same edges' refined distances (``refined()``, as ``dist``; None: no
+    test): where one of its groups is not separated by ``min_gap`` on them, the finest cut
+    whose groups are separated on both; where there is none, ``(labels, separation)`` as
+    given (the refined distances tell no split of the grid from another)."""
+    if refined is None or labels is None:
+        return labels, separation
+    S = _symmetric_distances(index, refined())
+
+    def accept(candidate):
+        return bool(_group_ratios(S, candidate).min() >= min_gap)
+
+    if accept(labels):
+        return labels, separation
+    both = separated_groups(index, dist, min_gap=min_gap, accept=accept)
+    return both if both[0] is not None else (labels, separation)
+
+
 def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP, refined=None):
     """The finer of the two separated partitions of a kNN graph: one cut of its single-linkage
     tree (:func:`separated_groups`, one gap for all groups) and HDBSCAN's clusters of the tree,
@@ -1084,7 +1104,7 @@ def _eigengap_refined(labels, G, random_state):
 
 
 def count_groups(index, dist, index_means, dist_means, graph, modes, random_state,
-                 means_edges=None, refined=None):
+                 means_edges=None, refined=None, refined_means=None):
     """``n_clusters=None``: the finer of the separated partitions of the samples' kNN graph
     (gap ``SEPARATED_MIN_GAP``, :func:`finest_separated`) and of the converged means' graph
     (gap ``SEPARATED_MEANS_MIN_GAP``, the single cut alone: HDBSCAN's clusters of the means
@@ -1103,13 +1123,18 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     passes them only where the measured noise is material (``NOISY_FRACTION``): on clean
     copies the samples' graph is already exact, and the means, which the iteration leaves in
     several nearly identical modes per shape, split it (3 shapes x 40 clean copies: 4 or 5).
-    None: the samples' graph alone. The samples' graph decides on a tie. Where the samples'
-    graph has no separated partition, the means' partition is taken only if it has at least
-    as many groups as modularity's: the means' graph of natural classes can split off one
-    class from a continuum of the others (1,797 8 x 8 digits at +-45 degrees, seed 1: 2
-    groups at a gap of 1.54, where modularity gives 14), a count the fixed points do not
-    support; on the noisy copy sets whose count the means get right, modularity gives as
-    many groups or fewer (``benchmarks/results/count.json``). Where the noise is material
+    None: the samples' graph alone. ``refined_means``: None, or a function that returns the
+    refined distances of ``means_edges`` (as ``refined`` does the samples'): where the means'
+    cut is finer than the samples' partition, its groups must be separated on those too
+    (:func:`_separated_on_refined`): one shape's means settled in two modes that the grid's
+    distances separate and the refined ones do not (noisy MNIST copies, 5 x 40 and 12 x 100,
+    counted one too many). The samples' graph decides on a tie. Where the samples' graph has no
+    separated partition, the means' partition is taken only if it has at least as many groups as
+    modularity's: the means' graph of natural classes can split off one class from a continuum
+    of the others (1,797 8 x 8 digits at +-45 degrees, seed 1: 2 groups at a gap of 1.54, where
+    modularity gives 14), a count the fixed points do not support; on the noisy copy sets whose
+    count the means get right, modularity gives as many groups or fewer
+    (``benchmarks/results/count.json``). Where the noise is material
     (``means_edges`` given), the partition (separated, or modularity's) is refined by the
     graph's eigengap (:func:`_eigengap_refined`): shapes closer to each other than two noisy
     copies of one chain together in the tree and in the means, and modularity merges them.
@@ -1130,6 +1155,10 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     if means_edges is not None and means_edges[0].shape[1] > 0:
         labels_m, separation_m = separated_groups(*means_edges,
                                                   min_gap=SEPARATED_MEANS_MIN_GAP)
+        if labels_m is not None and (labels is None or labels_m.max() > labels.max()):
+            labels_m, separation_m = _separated_on_refined(
+                means_edges[0], means_edges[1], labels_m, separation_m,
+                SEPARATED_MEANS_MIN_GAP, refined_means)
         if labels_m is not None and (labels is None or labels_m.max() > labels.max()):
             # never fewer groups than modularity would give
             coarse = modularity() if labels is None else None

@@ -91,8 +91,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         whose angles fall in two sets half a step apart are two groups on the grid's distances,
         not on the refined ones). The finer is taken; where the measured noise is material
         (``noise_std_`` at least 10% of the images' standard deviation), that of the converged
-        means' graph when it is finer (gap 1.5; and, where the samples' graph has none, not
-        coarser than modularity's count): the iteration collapses each group of noisy copies
+        means' graph when it is finer (gap 1.5, on the refined distances too with
+        ``refine=True``; and, where the samples' graph has none, not coarser than modularity's
+        count): the iteration collapses each group of noisy copies
         onto one invariant mean, so the means are separated where noisy samples are not. With
         such noise, shapes closer to each other than two noisy copies of one chain together in
         both graphs, and each adds one small eigenvalue to the normalised Laplacian of the
@@ -684,8 +685,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
     def _refined_edges(self, Xt, D, idx, P):
         """A function that returns the distances of the kNN graph ``(D, idx)`` continuously
         refined from the grid's alignments ``P``, as ``_finite_dist`` gives them (the count's
-        test of a separated partition, :func:`~invariant_cluster._grouping.finest_separated`;
-        run only where one is)."""
+        test of a separated partition of the samples' or the means' graph,
+        :func:`~invariant_cluster._grouping.count_groups`; run only where one is tested)."""
         def refined():
             m, k = idx.shape
             flat = D.reshape(-1).clone()
@@ -704,7 +705,7 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         means are one mode (a tensor, used by ``n_clusters=None``); ``count_means``: whether
         the means' graph may count (``n_clusters=None`` on images whose measured noise is
         material, :meth:`_noise_is_material`)."""
-        idx_m = dist_m = modes = means_edges = None
+        idx_m = dist_m = modes = means_edges = refined_means = None
         Dg = D
         graph = self.graph
         n = M.shape[0]
@@ -719,13 +720,15 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
                     pick = np.random.default_rng(seed).choice(n, DECIDE_ROWS, replace=False)
                     rows = torch.as_tensor(np.sort(pick), device=M.device)
                 # for the count's means' graph (count_groups), every searched edge is kept
-                Dm, idx_mt, _ = candidate_search(M if rows is own else M[rows], M,
-                                                 two_hop_candidates(idx, rows), grid,
-                                                 k=None if count_means else k,
-                                                 batch_size=self.batch_size,
-                                                 client=self.client, exclude=rows)
+                Dm, idx_mt, Pm = candidate_search(M if rows is own else M[rows], M,
+                                                  two_hop_candidates(idx, rows), grid,
+                                                  k=None if count_means else k,
+                                                  batch_size=self.batch_size,
+                                                  client=self.client, exclude=rows)
                 if count_means:
                     means_edges = (idx_mt.cpu().numpy(), _finite_dist(Dm))
+                    if self.refine:
+                        refined_means = self._refined_edges(M, Dm, idx_mt, Pm)
                     Dm, idx_mt = Dm[:, :k], idx_mt[:, :k]
                 idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
                 if self.n_clusters is None:
@@ -766,7 +769,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         labels, self.graph_, self.count_rule_, separation = group(
             idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m, self.n_clusters, graph,
             self.grouping, seed, modes, means_edges, connect=connect if k > 0 else None,
-            refined=refined if self.n_clusters is None and k > 0 else None)
+            refined=refined if self.n_clusters is None and k > 0 else None,
+            refined_means=refined_means)
         self.separation_ = None if separation is None else float(separation)
         return _relabel_by_size(labels), Dg
 

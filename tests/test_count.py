@@ -21,6 +21,7 @@ from invariant_cluster._duplicates import (
     unique_in_canonical_order,
 )
 from invariant_cluster._grouping import (
+    _separated_on_refined,
     density_groups,
     eigengap_count,
     finest_separated,
@@ -518,6 +519,43 @@ def test_copies_half_a_grid_step_apart_are_one_group(picks):
     grid_only = _fit(X, refine=False)
     assert grid_only.n_clusters_ == 4
     assert len(set(grid_only.labels_[:12])) == 2
+
+
+def test_separated_on_refined_keeps_or_coarsens_the_cut():
+    # the means' cut is tested as the samples' is: a cut whose groups the refined distances do
+    # not separate gives way to the finest cut separated on both; where none is, it stands
+    index, dist, close, y = _two_level_groups()
+    labels, ratio = separated_groups(index, dist)
+    assert _separated_on_refined(index, dist, labels, ratio, 1.25, None)[0] is labels
+    coarse, _ = _separated_on_refined(index, dist, labels, ratio, 1.25, lambda: close)
+    assert adjusted_rand_score(y, coarse) == 1.0
+    kept, _ = _separated_on_refined(index, dist, labels, ratio, 1.25, lambda: dist)
+    assert kept is labels
+    index, dist, _, _ = _two_level_groups(k=8)
+    labels, ratio = separated_groups(index, dist)
+    kept, _ = _separated_on_refined(index, dist, labels, ratio, 1.25,
+                                    lambda: np.ones_like(dist))
+    assert kept is labels and labels.max() + 1 == 4
+
+
+@pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
+def test_means_split_by_the_grid_alone_are_one_group():
+    # 40 noisy copies of each of 5 MNIST digits (benchmarks/bench_count.py's set of seed 3):
+    # one shape's converged means settle in two modes that the grid's distances separate
+    # (refine=False: 6 clusters, the means' rule) and the refined distances do not
+    from invariant_cluster.datasets import load_mnist
+
+    images = load_mnist("test", data_home=DATA).images
+    picks = np.random.default_rng(3).choice(len(images), 5, replace=False)
+    X = np.concatenate([make_transformed_copies(images[i], 40, max_rotation=180,
+                                                random_state=3000 + j)[0]
+                        for j, i in enumerate(picks)])
+    X = (X + 0.1 * np.random.default_rng(4).standard_normal(X.shape)).astype(np.float32)
+    y = np.repeat(np.arange(5), 40)
+    est = InvariantAttentionClusterer(random_state=3).fit(X.reshape(200, -1))
+    assert est.n_clusters_ == 5 and adjusted_rand_score(y, est.labels_) == 1.0
+    grid_only = InvariantAttentionClusterer(random_state=3, refine=False).fit(X.reshape(200, -1))
+    assert grid_only.n_clusters_ == 6 and grid_only.count_rule_ == "separated_means"
 
 
 def test_no_density_groups_in_a_continuum():

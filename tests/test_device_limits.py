@@ -57,7 +57,7 @@ def _digits(n, size, seed):
 
 
 def _thirds(idx, dist, idx_means, dist_means, n_clusters, graph, grouping, seed, modes=None,
-            means_edges=None, connect=None, refined=None):
+            means_edges=None, connect=None, refined=None, refined_means=None):
     """A stand-in for the grouping: three clusters by index (the warps are what is tested)."""
     return np.arange(idx.shape[0]) % 3, "samples", "given", None
 
