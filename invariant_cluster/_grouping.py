@@ -954,22 +954,28 @@ def _cut_tree(n, ei, ej, n_edges, min_size):
     return _join_first_met(group, parts[ei[n_edges:]], parts[ej[n_edges:]])[parts]
 
 
-def _separated_on_refined(index, dist, labels, separation, min_gap, refined):
+def _cut_separated_on(index, dist, labels, separation, min_gap, S):
     """The single cut ``(labels, separation)`` of :func:`separated_groups` on ``(index,
-    dist)``, tested on the same edges' refined distances (``refined()``, as ``dist``; None: no
-    test): where one of its groups is not separated by ``min_gap`` on them, the finest cut
-    whose groups are separated on both; where there is none, ``(labels, separation)`` as
-    given (the refined distances tell no split of the grid from another)."""
-    if refined is None or labels is None:
-        return labels, separation
-    S = _symmetric_distances(index, refined())
-
+    dist)`` where each of its groups is also separated by ``min_gap`` on ``S`` (the same
+    edges with other distances, symmetric sparse), else the finest cut of ``(index, dist)``
+    whose groups are separated on both: ``(None, ...)`` where there is none."""
     def accept(candidate):
         return bool(_group_ratios(S, candidate).min() >= min_gap)
 
-    if accept(labels):
+    if labels is None or accept(labels):
         return labels, separation
-    both = separated_groups(index, dist, min_gap=min_gap, accept=accept)
+    return separated_groups(index, dist, min_gap=min_gap, accept=accept)
+
+
+def _separated_on_refined(index, dist, labels, separation, min_gap, refined):
+    """The single cut ``(labels, separation)`` of :func:`separated_groups` on ``(index,
+    dist)``, tested on the same edges' refined distances (``refined()``, as ``dist``; None: no
+    test) by :func:`_cut_separated_on`; where no cut is separated on both, ``(labels,
+    separation)`` as given (the refined distances tell no split of the grid from another)."""
+    if refined is None or labels is None:
+        return labels, separation
+    both = _cut_separated_on(index, dist, labels, separation, min_gap,
+                             _symmetric_distances(index, refined()))
     return both if both[0] is not None else (labels, separation)
 
 
@@ -993,13 +999,8 @@ def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP, refined=No
     labels_d, separation_d = density_groups(index, dist, min_gap=min_gap)
     if refined is not None and (labels is not None or labels_d is not None):
         S = _symmetric_distances(index, refined())
-
-        def accept(candidate):
-            return bool(_group_ratios(S, candidate).min() >= min_gap)
-
-        both, both_d = (labels, separation), (labels_d, separation_d)
-        if labels is not None and not accept(labels):
-            both = separated_groups(index, dist, min_gap=min_gap, accept=accept)
+        both = _cut_separated_on(index, dist, labels, separation, min_gap, S)
+        both_d = (labels_d, separation_d)
         # the refined test only demotes groups: where HDBSCAN's clusters gave no partition on
         # the grid's distances, they give none on both
         if labels_d is not None:

@@ -93,8 +93,8 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         (``noise_std_`` at least 10% of the images' standard deviation), that of the converged
         means' graph when it is finer (gap 1.5, on the refined distances too with
         ``refine=True``; and, where the samples' graph has none, not coarser than modularity's
-        count): the iteration collapses each group of noisy copies
-        onto one invariant mean, so the means are separated where noisy samples are not. With
+        count): the iteration collapses each group of noisy copies onto one invariant mean, so
+        the means are separated where noisy samples are not. With
         such noise, shapes closer to each other than two noisy copies of one chain together in
         both graphs, and each adds one small eigenvalue to the normalised Laplacian of the
         graph: where the largest gap among its 40 smallest eigenvalues (at least 0.1: natural
@@ -283,15 +283,14 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         What decided the number of clusters: "given" (``n_clusters``), "separated" (separated
         groups of the samples' kNN graph), "separated_means" (separated groups of the
         converged means' kNN graph), "eigengap" (a separated count, or modularity's, raised
-        to the graph's eigengap count), "modularity" (Leiden at resolution 1, see ``n_clusters``) or
-        "hdbscan" (``grouping="umap"``, ``n_clusters=None``).
+        to the graph's eigengap count), "modularity" (Leiden at resolution 1, see
+        ``n_clusters``) or "hdbscan" (``grouping="umap"``, ``n_clusters=None``).
     separation_ : float or None
         The gap ratio behind the count (see ``n_clusters``): the shortest edge between two
         groups over the longest edge inside one, for the separated partition taken (for
         HDBSCAN's clusters, the smallest of the groups' own ratios); where
         none was separated (``count_rule_`` "modularity", or "eigengap" raised from it),
-        the largest ratio seen, below
-        1.25. None where no separated partition was tested.
+        the largest ratio seen, below 1.25. None where no separated partition was tested.
     search_plan_ : SearchPlan
         How the kNN graph of the distinct images was searched (exact or shortlist, the
         shortlist blocked on the device or by faiss, its length, the device), decided from
