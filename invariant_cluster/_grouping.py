@@ -1014,6 +1014,181 @@ def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP, refined=No
     return labels, separation
 
 
+# Where the kNN distances are dominated by noise, each sample's nearest and second-nearest
+# neighbours are nearly equally far (noise of std 0.1 on copy sets: median ratio of the two
+# refined distances 0.83-1.07; clean 8 x 8 copies, whose interpolation artefacts the filter
+# measures as material noise, 0.47-0.81 in groups of 12 or more copies, where copies at nearby
+# angles are near each other: bench_count.py's 1,050 sets of seeds 0-6). There a group has no
+# separated sub-groups of its own, and the finest partition whose groups are each separated by
+# their own gap on the refined distances is the shapes (:func:`noise_dominated_groups`).
+NOISE_DOMINATED_MIN_RATIO = 0.85
+
+
+def noise_dominated(dist: np.ndarray) -> bool:
+    """Whether a kNN graph's distances ``(n, k)`` (rows sorted, k >= 2) are dominated by noise:
+    the median ratio of each sample's nearest to its second-nearest distance is at least
+    ``NOISE_DOMINATED_MIN_RATIO``."""
+    dist = np.asarray(dist, dtype=np.float64)
+    if dist.ndim != 2 or dist.shape[1] < 2 or dist.shape[0] == 0:
+        return False
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(dist[:, 1] > 0, dist[:, 0] / dist[:, 1], 1.0)
+    ratio = ratio[np.isfinite(ratio)]
+    return bool(ratio.size) and float(np.median(ratio)) >= NOISE_DOMINATED_MIN_RATIO
+
+
+def finest_own_gap_groups(index: np.ndarray, dist: np.ndarray,
+                          min_gap: float = SEPARATED_MIN_GAP,
+                          min_size: int = SEPARATED_MIN_SIZE,
+                          max_outliers: float = SEPARATED_MAX_OUTLIERS):
+    """The partition of a kNN graph into the most clusters of its single-linkage tree that are
+    each separated by their own gap, if it has one.
+
+    A cluster of the tree (a set of nodes it joins below some height) is separated when the
+    height at which it joins the rest, its shortest edge to any other node, is at least
+    ``min_gap`` times its own height, the longest edge of its minimum spanning tree. Among the
+    sets of disjoint clusters of at least ``min_size`` nodes that leave at most
+    ``max_outliers`` of the nodes (or ``min_size`` nodes, where that is more) outside them,
+    the one with the most clusters is found by dynamic programming over the tree (the fewest
+    nodes left out on a tie); the nodes left out join the cluster they meet first along the
+    tree. Where :func:`density_groups` takes HDBSCAN's excess-of-mass clusters, which prefer
+    large ones and join two close shapes, this takes the finest: right where a group has no
+    separated sub-groups (distances dominated by noise, :func:`noise_dominated`), not on
+    clean copies at nearby angles. Returns ``(labels, separation)`` as
+    :func:`separated_groups`, or ``(None, 1.0)`` with fewer than two clusters.
+    """
+    from scipy.sparse.csgraph import minimum_spanning_tree
+
+    n = index.shape[0]
+    min_size = max(2, min(int(min_size), n // 2))
+    if n < 2 * min_size or index.shape[1] == 0:
+        return None, 1.0
+    S = _symmetric_distances(index, dist)
+    T = minimum_spanning_tree(S).tocoo()
+    order = np.argsort(T.data, kind="stable")
+    ei, ej, ew = T.row[order], T.col[order], T.data[order]
+    # the tree's clusters: nodes 0..n-1 the samples, then one per tree edge, in order
+    parent = list(range(n))
+    top = list(range(n))  # each union-find root's cluster
+    size = [1] * n
+    height = [0.0] * n
+    children = [None] * n
+    for i, j, w in zip(ei.tolist(), ej.tolist(), ew.tolist()):
+        a, b = _find(parent, i), _find(parent, j)
+        children.append((top[a], top[b]))
+        size.append(size[top[a]] + size[top[b]])
+        height.append(w)
+        parent[b] = a
+        top[a] = len(size) - 1
+    joins = [math.inf] * len(size)
+    for v in range(n, len(size)):
+        for c in children[v]:
+            joins[c] = height[v]
+    limit = int(_outlier_limit(n, max_outliers, min_size))
+    none = -1  # no selection leaves that many nodes out
+    # best[v][u]: the most clusters within v's subtree with u of its nodes left out
+    best = [None] * len(size)
+    chosen = [False] * len(size)
+    for v in range(len(size)):
+        chosen[v] = size[v] >= min_size and (
+            height[v] == 0 or joins[v] >= min_gap * height[v])
+        if v < n:
+            front = np.full(min(1, limit) + 1, none, dtype=np.int64)
+            if limit >= 1:
+                front[1] = 0
+        else:
+            front = _combine_fronts(*(best[c] for c in children[v]), limit, none)
+        if chosen[v]:
+            front[0] = max(front[0], 1)
+        best[v] = front
+    roots = sorted({top[_find(parent, i)] for i in range(n)})
+    # the roots (parts of the graph not connected at all) are combined as one more tree level
+    total = np.zeros(1, dtype=np.int64)
+    prefix = [total]
+    for r in roots:
+        total = _combine_fronts(total, best[r], limit, none)
+        prefix.append(total)
+    if total.max() < 2:
+        return None, 1.0
+    u = int(np.flatnonzero(total == total.max())[0])
+    labels = np.full(n, -1, dtype=np.int64)
+    stack = []
+    for pos in range(len(roots) - 1, -1, -1):
+        before = _split_front(prefix[pos], best[roots[pos]], u, int(prefix[pos + 1][u]), none)
+        stack.append((roots[pos], u - before))
+        u = before
+    n_groups = 0
+    while stack:
+        v, u = stack.pop()
+        want = int(best[v][u])
+        if chosen[v] and u == 0 and want == 1:
+            labels[_tree_leaves(v, children, n)] = n_groups
+            n_groups += 1
+            continue
+        if v < n:
+            continue  # a node left out
+        a, b = children[v]
+        ua = _split_front(best[a], best[b], u, want, none)
+        stack += [(a, ua), (b, u - ua)]
+    ratio = _group_ratios(S, labels)
+    return _join_first_met(labels, ei, ej), float(ratio.min())
+
+
+def _combine_fronts(a: np.ndarray, b: np.ndarray, limit: int, none: int) -> np.ndarray:
+    """The front of two disjoint subtrees: for each number ``u <= limit`` of nodes left out,
+    the most clusters (``none`` where impossible), a max-plus convolution looped over the
+    shorter front."""
+    if a.size < b.size:
+        a, b = b, a
+    out = np.full(min(a.size + b.size - 1, limit + 1), none, dtype=np.int64)
+    ia = np.flatnonzero(a != none)
+    for ub in np.flatnonzero(b != none).tolist():
+        u = ia + ub
+        keep = u <= limit
+        np.maximum.at(out, u[keep], a[ia[keep]] + b[ub])
+    return out
+
+
+def _split_front(a: np.ndarray, b: np.ndarray, u: int, want: int, none: int) -> int:
+    """How many of ``u`` nodes left out fall in the first of two subtrees (fronts ``a``,
+    ``b``) in a selection of ``want`` clusters: the fewest."""
+    for ua in range(min(u, a.size - 1) + 1):
+        ub = u - ua
+        if ub < b.size and a[ua] != none and b[ub] != none and a[ua] + b[ub] == want:
+            return ua
+    raise AssertionError("no split of the front")  # the fronts were built from these
+
+
+def _tree_leaves(v: int, children, n: int) -> list:
+    """The samples (nodes below ``n``) of the tree's cluster ``v``."""
+    out, stack = [], [v]
+    while stack:
+        x = stack.pop()
+        if x < n:
+            out.append(x)
+        else:
+            stack.extend(children[x])
+    return out
+
+
+def noise_dominated_groups(index: np.ndarray, refined: np.ndarray,
+                           min_gap: float = SEPARATED_MIN_GAP):
+    """Where the refined distances ``(n, k)`` of the kNN edges are dominated by noise
+    (:func:`noise_dominated`), the finest of the separated partitions on them alone: the
+    single cut, HDBSCAN's clusters and the finest clusters each separated by its own gap
+    (:func:`finest_own_gap_groups`); ``(None, 1.0)`` elsewhere or where none is. The grid
+    leaves each pair of noisy copies up to half a step off, by its own amount, which blurs the
+    gaps between shapes closer than the noise; the refined distances bring each pair to the
+    noise's own distance."""
+    if not noise_dominated(refined):
+        return None, 1.0
+    labels, separation = finest_separated(index, refined, min_gap=min_gap)
+    labels_t, separation_t = finest_own_gap_groups(index, refined, min_gap=min_gap)
+    if labels_t is not None and (labels is None or labels_t.max() > labels.max()):
+        return labels_t, separation_t
+    return labels, separation
+
+
 # Where the measured noise is material, a separated group can hold two or three shapes that
 # are closer to each other than two noisy copies of one shape (their copies chain together in
 # the single-linkage tree), and modularity's communities of a set with no separated partition
@@ -1151,8 +1326,14 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
         return _leiden_count(index, dist, index_means, dist_means, graph, modes, random_state,
                              G=grouped_graph())
 
+    if refined is not None:
+        refined = functools.cache(refined)  # computed once, where first needed
     labels, separation = finest_separated(index, dist, refined=refined)
     rule = "separated"
+    if means_edges is not None and refined is not None:
+        labels_r, separation_r = noise_dominated_groups(index, refined())
+        if labels_r is not None and (labels is None or labels_r.max() > labels.max()):
+            labels, separation, rule = labels_r, separation_r, "separated_refined"
     if means_edges is not None and means_edges[0].shape[1] > 0:
         labels_m, separation_m = separated_groups(*means_edges,
                                                   min_gap=SEPARATED_MEANS_MIN_GAP)
