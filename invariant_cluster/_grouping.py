@@ -15,7 +15,9 @@ Everything here works on a kNN graph given as ``(index, dist)`` arrays of shape 
 - :func:`count_groups`: ``n_clusters=None``: the separated groups of the samples' kNN graph
   (:func:`finest_separated`: one cut of the single-linkage tree with a gap,
   :func:`separated_groups`, or HDBSCAN's clusters of it, each with its own gap,
-  :func:`density_groups`) or of the converged means' graph (the cut), where the noise is
+  :func:`density_groups`), where the noise dominates the refined distances the finest clusters
+  each separated by their own gap on them (:func:`noise_dominated_groups`), or of the
+  converged means' graph (the cut), where the noise is
   material raised by the graph's eigengap (:func:`eigengap_count`), else
   modularity's communities merged where the iteration collapsed them onto one mean
   (:func:`merge_by_modes`).
@@ -564,9 +566,9 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
     With ``n_clusters`` and "leiden", a separated partition of the samples' graph with that
     many groups is taken when there is one (copy sets: Leiden's resolution search cuts chains
     of copies at arbitrary places). Returns ``(labels, graph_used, rule, separation)``: ``rule``
-    says what decided the count ("given", "separated", "separated_means", "eigengap",
-    "modularity" or "hdbscan", see :func:`count_groups`); ``separation`` the gap ratio of the
-    separated partition tested (None where none was).
+    says what decided the count ("given", "separated", "separated_refined", "separated_means",
+    "eigengap", "modularity" or "hdbscan", see :func:`count_groups`); ``separation`` the gap
+    ratio of the separated partition tested (None where none was).
     """
     n = index.shape[0]
     graph = resolve_graph(graph, index, index_means)
@@ -1299,7 +1301,12 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     passes them only where the measured noise is material (``NOISY_FRACTION``): on clean
     copies the samples' graph is already exact, and the means, which the iteration leaves in
     several nearly identical modes per shape, split it (3 shapes x 40 clean copies: 4 or 5).
-    None: the samples' graph alone. ``refined_means``: None, or a function that returns the
+    None: the samples' graph alone. Where ``means_edges`` and ``refined`` are given and the
+    refined distances are dominated by noise, the finest partition on them alone
+    (:func:`noise_dominated_groups`) is taken when it is finer than the samples' separated
+    partition (rule "separated_refined"): 8 and 12 shapes x 3-4 noisy copies whose closest
+    shapes are nearer than the noise, counted 6-11 before (``count_draws_seed*.json``).
+    ``refined_means``: None, or a function that returns the
     refined distances of ``means_edges`` (as ``refined`` does the samples'): where the means'
     cut is finer than the samples' partition, its groups must be separated on those too
     (:func:`_separated_on_refined`): one shape's means settled in two modes that the grid's
@@ -1315,8 +1322,9 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     graph's eigengap (:func:`_eigengap_refined`): shapes closer to each other than two noisy
     copies of one chain together in the tree and in the means, and modularity merges them.
     Returns ``(labels, rule, separation)``: ``rule`` "separated" (the samples' graph),
-    "separated_means", "eigengap" or "modularity"; ``separation`` the separated partition's
-    gap ratio, or where none is separated the largest ratio seen on the samples' graph.
+    "separated_refined", "separated_means", "eigengap" or "modularity"; ``separation`` the
+    separated partition's gap ratio, or where none is separated the largest ratio seen on the
+    samples' graph.
     """
     # built once, where needed: modularity and the eigengap read the same graph
     grouped_graph = functools.cache(

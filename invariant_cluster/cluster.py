@@ -94,7 +94,12 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         means' graph when it is finer (gap 1.5, on the refined distances too with
         ``refine=True``; and, where the samples' graph has none, not coarser than modularity's
         count): the iteration collapses each group of noisy copies onto one invariant mean, so
-        the means are separated where noisy samples are not. With
+        the means are separated where noisy samples are not. Where that noise dominates the
+        refined distances (each image's nearest and second-nearest neighbours about equally
+        far: median ratio 0.85 or more), the finest partition of the refined kNN graph whose
+        single-linkage clusters are each separated by their own gap is taken when it is finer:
+        a group of noisy copies then has no separated sub-groups, and two shapes closer than
+        the noise, which the grid's and HDBSCAN's partitions join, stay apart. With
         such noise, shapes closer to each other than two noisy copies of one chain together in
         both graphs, and each adds one small eigenvalue to the normalised Laplacian of the
         graph: where the largest gap among its 40 smallest eigenvalues (at least 0.1: natural
@@ -281,7 +286,9 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         The graph that was grouped: "samples", "means" or "both".
     count_rule_ : str
         What decided the number of clusters: "given" (``n_clusters``), "separated" (separated
-        groups of the samples' kNN graph), "separated_means" (separated groups of the
+        groups of the samples' kNN graph), "separated_refined" (the same graph's finest
+        clusters separated by their own gaps on refined distances dominated by noise, see
+        ``n_clusters``), "separated_means" (separated groups of the
         converged means' kNN graph), "eigengap" (a separated count, or modularity's, raised
         to the graph's eigengap count), "modularity" (Leiden at resolution 1, see
         ``n_clusters``) or "hdbscan" (``grouping="umap"``, ``n_clusters=None``).
