@@ -751,6 +751,16 @@ def _symmetric_distances(index: np.ndarray, dist: np.ndarray):
     return csr_matrix((data, key - r * n, indptr), shape=(n, n))
 
 
+def _tree_edges(S):
+    """The minimum spanning tree (forest) of the symmetric sparse graph ``S``: its edges
+    ``(ei, ej, ew)``, shortest first (ties in the tree's own order)."""
+    from scipy.sparse.csgraph import minimum_spanning_tree
+
+    T = minimum_spanning_tree(S).tocoo()
+    order = np.argsort(T.data, kind="stable")
+    return T.row[order], T.col[order], T.data[order]
+
+
 def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPARATED_MIN_GAP,
                      min_size: int = SEPARATED_MIN_SIZE,
                      max_outliers: float = SEPARATED_MAX_OUTLIERS, n_groups=None,
@@ -771,15 +781,11 @@ def separated_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPAR
     turn a pair into a group. ``accept``: a test of a candidate's labels (the finest candidate
     that passes it is returned).
     """
-    from scipy.sparse.csgraph import minimum_spanning_tree
-
     n = index.shape[0]
     min_size = max(1, min(int(min_size), n // 2))
     if n < 2 or index.shape[1] == 0:
         return None, 1.0
-    T = minimum_spanning_tree(_symmetric_distances(index, dist)).tocoo()
-    order = np.argsort(T.data, kind="stable")
-    ei, ej, ew = T.row[order], T.col[order], T.data[order]
+    ei, ej, ew = _tree_edges(_symmetric_distances(index, dist))
     # the loop below runs once per tree edge: on Python lists, not NumPy scalars
     parent = list(range(n))
     size = [1] * n
@@ -843,7 +849,6 @@ def density_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPARAT
     with other distances (symmetric sparse, as :func:`_symmetric_distances` gives), on which
     each group must be separated by ``min_gap`` too.
     """
-    from scipy.sparse.csgraph import minimum_spanning_tree
     from sklearn.cluster import HDBSCAN
 
     n = index.shape[0]
@@ -879,10 +884,8 @@ def density_groups(index: np.ndarray, dist: np.ndarray, min_gap: float = SEPARAT
         labels = np.where(keep[labels] & (labels >= 0), labels, -1)
         if keep.sum() < 2 or (labels < 0).sum() > limit:
             return None, float(ratio.min())
-    T = minimum_spanning_tree(S).tocoo()
-    order = np.argsort(T.data, kind="stable")
-    return (_join_first_met(labels, T.row[order], T.col[order]),
-            float(ratio[keep].min()))
+    ei, ej, _ = _tree_edges(S)
+    return _join_first_met(labels, ei, ej), float(ratio[keep].min())
 
 
 def _group_ratios(S, labels: np.ndarray) -> np.ndarray:
@@ -1059,16 +1062,11 @@ def finest_own_gap_groups(index: np.ndarray, dist: np.ndarray,
     clean copies at nearby angles. Returns ``(labels, separation)`` as
     :func:`separated_groups`, or ``(None, 1.0)`` with fewer than two clusters.
     """
-    from scipy.sparse.csgraph import minimum_spanning_tree
-
     n = index.shape[0]
     min_size = max(2, min(int(min_size), n // 2))
     if n < 2 * min_size or index.shape[1] == 0:
         return None, 1.0
-    S = _symmetric_distances(index, dist)
-    T = minimum_spanning_tree(S).tocoo()
-    order = np.argsort(T.data, kind="stable")
-    ei, ej, ew = T.row[order], T.col[order], T.data[order]
+    ei, ej, ew = _tree_edges(_symmetric_distances(index, dist))
     # the tree's clusters: nodes 0..n-1 the samples, then one per tree edge, in order
     parent = list(range(n))
     top = list(range(n))  # each union-find root's cluster
@@ -1086,18 +1084,16 @@ def finest_own_gap_groups(index: np.ndarray, dist: np.ndarray,
     for v in range(n, len(size)):
         for c in children[v]:
             joins[c] = height[v]
-    limit = int(_outlier_limit(n, max_outliers, min_size))
+    limit = int(_outlier_limit(n, max_outliers, min_size))  # at least min_size, so >= 2
     none = -1  # no selection leaves that many nodes out
-    # best[v][u]: the most clusters within v's subtree with u of its nodes left out
+    # best[v][u]: the most clusters within v's subtree with u of its nodes left out; a sample
+    # alone (smaller than min_size) is one node left out
     best = [None] * len(size)
     chosen = [False] * len(size)
     for v in range(len(size)):
-        chosen[v] = size[v] >= min_size and (
-            height[v] == 0 or joins[v] >= min_gap * height[v])
+        chosen[v] = size[v] >= min_size and joins[v] >= min_gap * height[v]
         if v < n:
-            front = np.full(min(1, limit) + 1, none, dtype=np.int64)
-            if limit >= 1:
-                front[1] = 0
+            front = np.array([none, 0], dtype=np.int64)
         else:
             front = _combine_fronts(*(best[c] for c in children[v]), limit, none)
         if chosen[v]:
@@ -1119,21 +1115,22 @@ def finest_own_gap_groups(index: np.ndarray, dist: np.ndarray,
         before = _split_front(prefix[pos], best[roots[pos]], u, int(prefix[pos + 1][u]), none)
         stack.append((roots[pos], u - before))
         u = before
-    n_groups = 0
+    n_groups, separation = 0, math.inf
     while stack:
         v, u = stack.pop()
         want = int(best[v][u])
         if chosen[v] and u == 0 and want == 1:
             labels[_tree_leaves(v, children, n)] = n_groups
             n_groups += 1
+            # the cluster's shortest edge out over its longest edge in
+            separation = min(separation, joins[v] / height[v])
             continue
         if v < n:
             continue  # a node left out
         a, b = children[v]
         ua = _split_front(best[a], best[b], u, want, none)
         stack += [(a, ua), (b, u - ua)]
-    ratio = _group_ratios(S, labels)
-    return _join_first_met(labels, ei, ej), float(ratio.min())
+    return _join_first_met(labels, ei, ej), float(separation)
 
 
 def _combine_fronts(a: np.ndarray, b: np.ndarray, limit: int, none: int) -> np.ndarray:
