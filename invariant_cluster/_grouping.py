@@ -1021,21 +1021,25 @@ def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP, refined=No
 
 # Where the kNN distances are dominated by noise, each sample's nearest and second-nearest
 # neighbours are nearly equally far (noise of std 0.1 on copy sets: median ratio of the two
-# refined distances 0.83-1.07; clean 8 x 8 copies, whose interpolation artefacts the filter
-# measures as material noise, 0.47-0.81 in groups of 12 or more copies, where copies at nearby
-# angles are near each other: bench_count.py's 1,050 sets of seeds 0-6). There a group has no
-# separated sub-groups of its own, and the finest partition whose groups are each separated by
-# their own gap on the refined distances is the shapes (:func:`noise_dominated_groups`).
+# refined distances 0.83-1.00, 0.93-0.99 with 12 or more copies a shape; clean 8 x 8 copies,
+# whose interpolation artefacts the filter measures as material noise, 0.48-0.80 in groups of
+# 12 or more copies, where copies at nearby angles are near each other: bench_count.py's 1,050
+# sets of seeds 0-6). There a group has no separated sub-groups of its own, and the finest
+# partition whose groups are each separated by their own gap on the refined distances is the
+# shapes (:func:`noise_dominated_groups`); and only there do the converged means count
+# (:func:`count_groups`): elsewhere the samples' graph shows the groups, and the means, which
+# the iteration leaves in several modes per shape, would split them.
 NOISE_DOMINATED_MIN_RATIO = 0.85
 
 
 def noise_dominated(dist: np.ndarray) -> bool:
-    """Whether a kNN graph's distances ``(n, k)`` (rows sorted, k >= 2) are dominated by noise:
-    the median ratio of each sample's nearest to its second-nearest distance is at least
-    ``NOISE_DOMINATED_MIN_RATIO``."""
+    """Whether a kNN graph's distances ``(n, k)`` (k >= 2, rows in any order: refined distances
+    are not in the grid's order) are dominated by noise: the median ratio of each sample's
+    nearest to its second-nearest distance is at least ``NOISE_DOMINATED_MIN_RATIO``."""
     dist = np.asarray(dist, dtype=np.float64)
     if dist.ndim != 2 or dist.shape[1] < 2 or dist.shape[0] == 0:
         return False
+    dist = np.sort(dist, axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(dist[:, 1] > 0, dist[:, 0] / dist[:, 1], 1.0)
     ratio = ratio[np.isfinite(ratio)]
@@ -1298,7 +1302,11 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     passes them only where the measured noise is material (``NOISY_FRACTION``): on clean
     copies the samples' graph is already exact, and the means, which the iteration leaves in
     several nearly identical modes per shape, split it (3 shapes x 40 clean copies: 4 or 5).
-    None: the samples' graph alone. Where ``means_edges`` and ``refined`` are given and the
+    None: the samples' graph alone. The means count only where the samples' distances (the
+    refined ones, where given) are dominated by noise (:func:`noise_dominated`): clean 8 x 8
+    copies, whose interpolation artefacts the filter measures as material noise, are not (2
+    shapes x 12 clean copies, one shape's means in two modes: 3 groups at a ratio of 3.23 on
+    the means, where the samples' 2 are separated by 2.56). Where ``means_edges`` and ``refined`` are given and the
     refined distances are dominated by noise, the finest partition on them alone
     (:func:`noise_dominated_groups`) is taken when it is finer than the samples' separated
     partition (rule "separated_refined"): 8 and 12 shapes x 3-4 noisy copies whose closest
@@ -1339,7 +1347,10 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
         labels_r, separation_r = noise_dominated_groups(index, refined())
         if labels_r is not None and (labels is None or labels_r.max() > labels.max()):
             labels, separation, rule = labels_r, separation_r, "separated_refined"
-    if means_edges is not None and means_edges[0].shape[1] > 0:
+    # the means count only where noise dominates the samples' distances (the refined ones
+    # where there are any): there the noise hides groups the iteration averaged out
+    if (means_edges is not None and means_edges[0].shape[1] > 0
+            and noise_dominated(dist if refined is None else refined())):
         labels_m, separation_m = separated_groups(*means_edges,
                                                   min_gap=SEPARATED_MEANS_MIN_GAP)
         if labels_m is not None and (labels is None or labels_m.max() > labels.max()):

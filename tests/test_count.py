@@ -635,6 +635,24 @@ def test_noise_dominated_tells_noise_from_nearby_poses():
     assert not noise_dominated(np.ones((5, 1)))
 
 
+def test_noise_dominated_reads_each_rows_two_nearest():
+    # refined distances keep the grid's order of the edges: the nearest two are found per row
+    rows = np.tile([10.0, 10.1, 1.0, 2.0, 11.0], (50, 1))
+    assert not noise_dominated(rows)  # nearest 1, second 2: a ratio of 0.5
+    assert noise_dominated(np.tile([3.0, 1.0, 10.0, 1.05, 12.0], (50, 1)))  # 1 / 1.05
+
+
+def test_clean_copies_not_split_by_their_means():
+    # 2 8 x 8 digits x 12 clean copies (bench_count.py's set of seed 2): the filter measures
+    # their interpolation artefacts as material noise, but the refined distances are not
+    # dominated by it (median ratio 0.67); the converged means, one shape's in two modes,
+    # split it (3 clusters) where the samples' 2 groups are separated
+    X, y = _copies(2, 12, seed=2)
+    est = InvariantAttentionClusterer(random_state=2).fit(X.reshape(len(X), -1))
+    assert est.n_clusters_ == 2 and adjusted_rand_score(y, est.labels_) == 1.0
+    assert est.count_rule_ == "separated"
+
+
 def test_noisy_shapes_closer_than_the_noise_are_counted():
     # 12 8 x 8 digits x 4 noisy copies (benchmarks/bench_count.py's set of seed 5): two or
     # three pairs of shapes closer than two noisy copies chain on the grid's distances and in
