@@ -1306,10 +1306,10 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     refined ones, where given) are dominated by noise (:func:`noise_dominated`): clean 8 x 8
     copies, whose interpolation artefacts the filter measures as material noise, are not (2
     shapes x 12 clean copies, one shape's means in two modes: 3 groups at a ratio of 3.23 on
-    the means, where the samples' 2 are separated by 2.56). Where ``means_edges`` and ``refined`` are given and the
-    refined distances are dominated by noise, the finest partition on them alone
-    (:func:`noise_dominated_groups`) is taken when it is finer than the samples' separated
-    partition (rule "separated_refined"): 8 and 12 shapes x 3-4 noisy copies whose closest
+    the means, where the samples' 2 are separated by 2.56). Where ``means_edges`` and
+    ``refined`` are given and the refined distances are dominated by noise, the finest
+    partition on them alone (:func:`noise_dominated_groups`) is taken when it is finer than
+    the samples' separated partition (rule "separated_refined"): 8 and 12 shapes x 3-4 noisy copies whose closest
     shapes are nearer than the noise, counted 6-11 before (``count_draws_seed*.json``).
     ``refined_means``: None, or a function that returns the
     refined distances of ``means_edges`` (as ``refined`` does the samples'): where the means'
