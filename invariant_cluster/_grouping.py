@@ -1309,9 +1309,9 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     the means, where the samples' 2 are separated by 2.56). Where ``means_edges`` and
     ``refined`` are given and the refined distances are dominated by noise, the finest
     partition on them alone (:func:`noise_dominated_groups`) is taken when it is finer than
-    the samples' separated partition (rule "separated_refined"): 8 and 12 shapes x 3-4 noisy copies whose closest
-    shapes are nearer than the noise, counted 6-11 before (``count_draws_seed*.json``).
-    ``refined_means``: None, or a function that returns the
+    the samples' separated partition (rule "separated_refined"): 8 and 12 shapes x 3-4 noisy
+    copies whose closest shapes are nearer than the noise, counted 6-11 before
+    (``count_draws_seed*.json``). ``refined_means``: None, or a function that returns the
     refined distances of ``means_edges`` (as ``refined`` does the samples'): where the means'
     cut is finer than the samples' partition, its groups must be separated on those too
     (:func:`_separated_on_refined`): one shape's means settled in two modes that the grid's
