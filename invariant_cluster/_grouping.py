@@ -689,7 +689,13 @@ def _strict_coarsening(labels: np.ndarray, modes) -> bool:
     n_modes = int(np.unique(modes).size)
     if n_modes < 2 or n_modes >= int(labels.max()) + 1:
         return False
-    pairs = np.unique(np.c_[labels, modes], axis=0)
+    return _refines(labels, modes)
+
+
+def _refines(fine: np.ndarray, coarse: np.ndarray) -> bool:
+    """Whether every part of ``fine`` lies within one part of ``coarse`` (labels of the same
+    nodes)."""
+    pairs = np.unique(np.c_[np.asarray(fine), np.asarray(coarse)], axis=0)
     return np.unique(pairs[:, 0]).size == pairs.shape[0]
 
 
@@ -1316,7 +1322,11 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     cut is finer than the samples' partition, its groups must be separated on those too
     (:func:`_separated_on_refined`): one shape's means settled in two modes that the grid's
     distances separate and the refined ones do not (noisy MNIST copies, 5 x 40 and 12 x 100,
-    counted one too many). The samples' graph decides on a tie. Where the samples' graph has no
+    counted one too many). Where the samples' graph has a separated partition, the means'
+    must refine it: the means may split its groups (shapes the noise chains together), not
+    join images across its gaps (5 shapes x 4 noisy copies, one stray mean from each of three
+    shapes collapsed together into a sixth group, where the samples' 5 are exact and separated
+    by 1.79). The samples' graph decides on a tie. Where the samples' graph has no
     separated partition, the means' partition is taken only if it has at least as many groups as
     modularity's: the means' graph of natural classes can split off one class from a continuum
     of the others (1,797 8 x 8 digits at +-45 degrees, seed 1: 2 groups at a gap of 1.54, where
@@ -1357,6 +1367,10 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
             labels_m, separation_m = _separated_on_refined(
                 means_edges[0], means_edges[1], labels_m, separation_m,
                 SEPARATED_MEANS_MIN_GAP, refined_means)
+        if labels_m is not None and labels is not None and not _refines(labels_m, labels):
+            # the means may split the samples' separated groups, not join images across the
+            # gaps that separate them
+            labels_m = None
         if labels_m is not None and (labels is None or labels_m.max() > labels.max()):
             # never fewer groups than modularity would give
             coarse = modularity() if labels is None else None

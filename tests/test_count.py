@@ -21,6 +21,7 @@ from invariant_cluster._duplicates import (
     unique_in_canonical_order,
 )
 from invariant_cluster._grouping import (
+    _refines,
     _separated_on_refined,
     density_groups,
     eigengap_count,
@@ -651,6 +652,22 @@ def test_clean_copies_not_split_by_their_means():
     est = InvariantAttentionClusterer(random_state=2).fit(X.reshape(len(X), -1))
     assert est.n_clusters_ == 2 and adjusted_rand_score(y, est.labels_) == 1.0
     assert est.count_rule_ == "separated"
+
+
+def test_means_refine_the_samples_separated_groups():
+    # 5 8 x 8 digits x 4 noisy copies (bench_count.py's set of seed 6): the samples' 5 groups
+    # are exact and separated; one stray mean from each of three shapes gathered into a sixth
+    # group of the means' cut, which joined images across the samples' gaps
+    X, y = _copies(5, 4, seed=6, noise=0.1, noise_seed=7)
+    est = InvariantAttentionClusterer(random_state=6).fit(X.reshape(len(X), -1))
+    assert est.n_clusters_ == 5 and adjusted_rand_score(y, est.labels_) == 1.0
+    assert est.count_rule_ == "separated"
+
+
+def test_refines():
+    assert _refines(np.array([0, 0, 1, 2, 2]), np.array([5, 5, 5, 7, 7]))
+    assert _refines(np.array([0, 1, 2]), np.array([0, 1, 2]))
+    assert not _refines(np.array([0, 0, 1, 1]), np.array([0, 1, 1, 1]))
 
 
 def test_noisy_shapes_closer_than_the_noise_are_counted():
