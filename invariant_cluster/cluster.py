@@ -90,13 +90,14 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         edges (the grid leaves a pair up to half a grid step off: a dozen copies of one shape
         whose angles fall in two sets half a step apart are two groups on the grid's distances,
         not on the refined ones). The finer is taken; where the measured noise is material
-        (``noise_std_`` at least 10% of the images' standard deviation), that of the converged
-        means' graph when it is finer (gap 1.5, on the refined distances too with
-        ``refine=True``; and, where the samples' graph has none, not coarser than modularity's
-        count): the iteration collapses each group of noisy copies onto one invariant mean, so
-        the means are separated where noisy samples are not. Where that noise dominates the
+        (``noise_std_`` at least 10% of the images' standard deviation) and dominates the
         refined distances (each image's nearest and second-nearest neighbours about equally
-        far: median ratio 0.85 or more), the finest partition of the refined kNN graph whose
+        far: median ratio 0.85 or more), that of the converged means' graph when it is finer
+        (gap 1.5, on the refined distances too with ``refine=True``; a refinement of the
+        samples' separated partition where there is one, and where there is none, not coarser
+        than modularity's count): the iteration collapses each group of noisy copies onto one
+        invariant mean, so the means are separated where noisy samples are not. There too, the
+        finest partition of the refined kNN graph whose
         single-linkage clusters are each separated by their own gap is taken when it is finer:
         a group of noisy copies then has no separated sub-groups, and two shapes closer than
         the noise, which the grid's and HDBSCAN's partitions join, stay apart. With
