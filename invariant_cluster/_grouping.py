@@ -1182,15 +1182,13 @@ def _tree_leaves(v: int, children, n: int) -> list:
 
 def noise_dominated_groups(index: np.ndarray, refined: np.ndarray,
                            min_gap: float = SEPARATED_MIN_GAP):
-    """Where the refined distances ``(n, k)`` of the kNN edges are dominated by noise
-    (:func:`noise_dominated`), the finest of the separated partitions on them alone: the
-    single cut, HDBSCAN's clusters and the finest clusters each separated by its own gap
-    (:func:`finest_own_gap_groups`); ``(None, 1.0)`` elsewhere or where none is. The grid
-    leaves each pair of noisy copies up to half a step off, by its own amount, which blurs the
-    gaps between shapes closer than the noise; the refined distances bring each pair to the
-    noise's own distance."""
-    if not noise_dominated(refined):
-        return None, 1.0
+    """The finest of the separated partitions on the refined distances ``(n, k)`` of the kNN
+    edges alone: the single cut, HDBSCAN's clusters and the finest clusters each separated by
+    its own gap (:func:`finest_own_gap_groups`); ``(None, 1.0)`` where none is. For distances
+    dominated by noise (:func:`noise_dominated`, tested by the caller): the grid leaves each
+    pair of noisy copies up to half a step off, by its own amount, which blurs the gaps between
+    shapes closer than the noise; the refined distances bring each pair to the noise's own
+    distance."""
     labels, separation = finest_separated(index, refined, min_gap=min_gap)
     labels_t, separation_t = finest_own_gap_groups(index, refined, min_gap=min_gap)
     if labels_t is not None and (labels is None or labels_t.max() > labels.max()):
@@ -1353,14 +1351,17 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
         refined = functools.cache(refined)  # computed once, where first needed
     labels, separation = finest_separated(index, dist, refined=refined)
     rule = "separated"
-    if means_edges is not None and refined is not None:
+    # where the noise is material (means_edges given), whether it dominates the samples'
+    # distances (the refined ones where there are any): only there do the refined distances
+    # alone and the converged means count, where the noise hides groups the iteration
+    # averaged out
+    dominated = means_edges is not None and noise_dominated(
+        dist if refined is None else refined())
+    if dominated and refined is not None:
         labels_r, separation_r = noise_dominated_groups(index, refined())
         if labels_r is not None and (labels is None or labels_r.max() > labels.max()):
             labels, separation, rule = labels_r, separation_r, "separated_refined"
-    # the means count only where noise dominates the samples' distances (the refined ones
-    # where there are any): there the noise hides groups the iteration averaged out
-    if (means_edges is not None and means_edges[0].shape[1] > 0
-            and noise_dominated(dist if refined is None else refined())):
+    if dominated and means_edges[0].shape[1] > 0:
         labels_m, separation_m = separated_groups(*means_edges,
                                                   min_gap=SEPARATED_MEANS_MIN_GAP)
         if labels_m is not None and (labels is None or labels_m.max() > labels.max()):

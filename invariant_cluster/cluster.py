@@ -97,10 +97,10 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         samples' separated partition where there is one, and where there is none, not coarser
         than modularity's count): the iteration collapses each group of noisy copies onto one
         invariant mean, so the means are separated where noisy samples are not. There too, the
-        finest partition of the refined kNN graph whose
-        single-linkage clusters are each separated by their own gap is taken when it is finer:
-        a group of noisy copies then has no separated sub-groups, and two shapes closer than
-        the noise, which the grid's and HDBSCAN's partitions join, stay apart. With
+        finest partition of the refined kNN graph whose single-linkage clusters are each
+        separated by their own gap is taken when it is finer: a group of noisy copies then has
+        no separated sub-groups, and two shapes closer than the noise, which the grid's and
+        HDBSCAN's partitions join, stay apart. With
         such noise, shapes closer to each other than two noisy copies of one chain together in
         both graphs, and each adds one small eigenvalue to the normalised Laplacian of the
         graph: where the largest gap among its 40 smallest eigenvalues (at least 0.1: natural
