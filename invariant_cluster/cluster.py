@@ -89,7 +89,11 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         each group must also be separated on the continuously refined distances of the same
         edges (the grid leaves a pair up to half a grid step off: a dozen copies of one shape
         whose angles fall in two sets half a step apart are two groups on the grid's distances,
-        not on the refined ones). The finer is taken; where the measured noise is material
+        not on the refined ones); where the refined distances alone have a finer separated
+        partition, it is taken if its groups are separated more widely there than the grid's
+        groups are (the grid's half-step error can chain two shapes together; the runs of
+        nearby angles that the refined distances show inside a clean group are separated less
+        widely). The finer is taken; where the measured noise is material
         (``noise_std_`` at least 10% of the images' standard deviation) and dominates the
         refined distances (each image's nearest and second-nearest neighbours about equally
         far: median ratio 0.85 or more), that of the converged means' graph when it is finer
@@ -287,9 +291,10 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         The graph that was grouped: "samples", "means" or "both".
     count_rule_ : str
         What decided the number of clusters: "given" (``n_clusters``), "separated" (separated
-        groups of the samples' kNN graph), "separated_refined" (the same graph's finest
-        clusters separated by their own gaps on refined distances dominated by noise, see
-        ``n_clusters``), "separated_means" (separated groups of the
+        groups of the samples' kNN graph), "separated_refined" (a finer separated partition of
+        the same graph on its refined distances alone: separated more widely there than the
+        grid's, or, on refined distances dominated by noise, the finest clusters separated by
+        their own gaps; see ``n_clusters``), "separated_means" (separated groups of the
         converged means' kNN graph), "eigengap" (a separated count, or modularity's, raised
         to the graph's eigengap count), "modularity" (Leiden at resolution 1, see
         ``n_clusters``) or "hdbscan" (``grouping="umap"``, ``n_clusters=None``).

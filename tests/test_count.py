@@ -23,6 +23,7 @@ from invariant_cluster._duplicates import (
 from invariant_cluster._grouping import (
     _refines,
     _separated_on_refined,
+    _wider_on_refined,
     density_groups,
     eigengap_count,
     finest_own_gap_groups,
@@ -121,12 +122,13 @@ def test_noisy_shapes_closer_than_their_copies_counted_by_the_eigengap(monkeypat
     assert np.array_equal(twice.labels_[:len(X)], twice.labels_[len(X):])
     perm = np.random.default_rng(0).permutation(len(X))
     assert adjusted_rand_score(est.labels_[perm], _fit(X[perm]).labels_) == 1.0
-    # without the eigengap (nor the refined distances' own gaps), the separated partitions
-    # merge shapes
+    # without the eigengap (nor the refined distances' own gaps or wider partition), the
+    # separated partitions merge shapes
     import invariant_cluster._grouping as grouping
 
     monkeypatch.setattr(grouping, "_eigengap_refined", lambda *args: None)
     monkeypatch.setattr(grouping, "noise_dominated_groups", lambda *args: (None, 1.0))
+    monkeypatch.setattr(grouping, "_wider_on_refined", lambda *args: (None, None))
     assert _fit(X).n_clusters_ == found_before
 
 
@@ -699,6 +701,48 @@ def test_noisy_mnist_copies_closer_than_the_noise_are_counted(k, c, seed, shift)
         X.reshape(len(X), -1))
     assert est.n_clusters_ == k and adjusted_rand_score(y, est.labels_) == 1.0
     assert est.count_rule_ == "separated_refined"
+
+
+@pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
+@pytest.mark.parametrize("k, c, seed, shift", [(12, 3, 3, 2), (12, 4, 3, 2), (8, 3, 4, 2)])
+def test_clean_shapes_chained_by_the_grid_are_counted(k, c, seed, shift):
+    # bench_count.py's clean shifted MNIST sets: a grid half a step off chains two or three
+    # shapes together (10, 11 and 7 groups separated on the grid's distances); on the refined
+    # distances alone each shape is separated, more widely than the grid's groups are
+    from invariant_cluster.datasets import load_mnist
+
+    images = load_mnist("test", data_home=DATA).images
+    picks = np.random.default_rng(seed).choice(len(images), k, replace=False)
+    X = np.concatenate([make_transformed_copies(images[i], c, max_rotation=180,
+                                                max_translation=shift,
+                                                random_state=seed * 1000 + j)[0]
+                        for j, i in enumerate(picks)]).astype(np.float32)
+    y = np.repeat(np.arange(k), c)
+    est = InvariantAttentionClusterer(random_state=seed, max_translation=shift).fit(
+        X.reshape(len(X), -1))
+    assert est.n_clusters_ == k and adjusted_rand_score(y, est.labels_) == 1.0
+    assert est.count_rule_ == "separated_refined"
+
+
+@pytest.mark.parametrize("pair_gap, taken", [(1.0, True), (0.3, False)])
+def test_wider_on_refined(pair_gap, taken):
+    # four runs of 6 points 0.1 apart on a line, in two pairs; the grid's partition is the two
+    # pairs. The runs are taken only where they are separated more widely than the pairs
+    # are: run gap 1.0 (ratio 10) against pairs 2.0 apart (ratio 2), not run gap 0.3 (ratio 3)
+    # against pairs 3.7 apart (ratio 12.3)
+    run = 0.1 * np.arange(6)
+    far = 4.0 if taken else 5.0
+    starts = (0.0, 0.5 + pair_gap, far, far + 0.5 + pair_gap)
+    points = np.c_[np.concatenate([x + run for x in starts]), np.zeros(24)]
+    index, dist = _knn(points, 15)
+    pairs = np.repeat([0, 1], 12)
+    finer, _ = _wider_on_refined(index, pairs, dist)
+    if taken:
+        assert adjusted_rand_score(np.repeat(np.arange(4), 6), finer) == 1.0
+    else:
+        assert finer is None
+    # nothing finer than the runs themselves
+    assert _wider_on_refined(index, np.repeat(np.arange(4), 6), dist)[0] is None
 
 
 def test_no_density_groups_in_a_continuum():
