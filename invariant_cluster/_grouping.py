@@ -1298,7 +1298,8 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     the grid's distances have a separated partition, a finer one of the refined distances
     alone is taken where its groups are separated more widely there (rule
     "separated_refined", :func:`_wider_on_refined`): clean shifted MNIST, 12 shapes x 3-4
-    copies and 8 x 3, counted 10, 11 and 7 (``count_draws_seed3.json``, ``seed4``).
+    copies and 8 x 3, counted 10, 11 and 7 (``count_draws_seed3.json``,
+    ``count_draws_seed4.json``).
 
     The means' graph is the fixed point's own count: where the iteration collapsed each group
     of noisy copies onto one invariant mean, the spread within a group shrinks while the

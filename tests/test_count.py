@@ -59,6 +59,23 @@ def _copies(n_shapes, n_copies, seed=0, noise=0.0, noise_seed=None):
     return X.astype(np.float32), np.repeat(np.arange(n_shapes), n_copies)
 
 
+def _mnist_copies(k, c, seed, shift, noise=0.0):
+    """``benchmarks/bench_count.py``'s MNIST sets: ``c`` copies at any angle (shifted within
+    +-``shift`` px) of each of ``k`` test digits picked by ``seed``, noise drawn from
+    ``default_rng(seed + 1)``; and the shape of each copy."""
+    from invariant_cluster.datasets import load_mnist
+
+    images = load_mnist("test", data_home=DATA).images
+    picks = np.random.default_rng(seed).choice(len(images), k, replace=False)
+    X = np.concatenate([make_transformed_copies(images[i], c, max_rotation=180,
+                                                max_translation=shift,
+                                                random_state=seed * 1000 + j)[0]
+                        for j, i in enumerate(picks)])
+    if noise:
+        X = X + noise * np.random.default_rng(seed + 1).standard_normal(X.shape)
+    return X.astype(np.float32), np.repeat(np.arange(k), c)
+
+
 # ------------------------------------------------------------------ the count at the defaults
 @pytest.mark.parametrize("n_shapes, n_copies, seed", [
     (2, 40, 0), (2, 100, 0), (3, 40, 1), (5, 40, 0), (5, 12, 2), (3, 4, 0), (2, 3, 0),
@@ -687,16 +704,7 @@ def test_noisy_shapes_closer_than_the_noise_are_counted():
 def test_noisy_mnist_copies_closer_than_the_noise_are_counted(k, c, seed, shift):
     # bench_count.py's sets: MNIST copies at any angle (shifted within +-2 px where shift is
     # 2), noise of std 0.1; counted 6, 11 and 10 on the grid's partitions
-    from invariant_cluster.datasets import load_mnist
-
-    images = load_mnist("test", data_home=DATA).images
-    picks = np.random.default_rng(seed).choice(len(images), k, replace=False)
-    X = np.concatenate([make_transformed_copies(images[i], c, max_rotation=180,
-                                                max_translation=shift,
-                                                random_state=seed * 1000 + j)[0]
-                        for j, i in enumerate(picks)])
-    X = (X + 0.1 * np.random.default_rng(seed + 1).standard_normal(X.shape)).astype(np.float32)
-    y = np.repeat(np.arange(k), c)
+    X, y = _mnist_copies(k, c, seed, shift, noise=0.1)
     est = InvariantAttentionClusterer(random_state=seed, max_translation=shift).fit(
         X.reshape(len(X), -1))
     assert est.n_clusters_ == k and adjusted_rand_score(y, est.labels_) == 1.0
@@ -709,15 +717,7 @@ def test_clean_shapes_chained_by_the_grid_are_counted(k, c, seed, shift):
     # bench_count.py's clean shifted MNIST sets: a grid half a step off chains two or three
     # shapes together (10, 11 and 7 groups separated on the grid's distances); on the refined
     # distances alone each shape is separated, more widely than the grid's groups are
-    from invariant_cluster.datasets import load_mnist
-
-    images = load_mnist("test", data_home=DATA).images
-    picks = np.random.default_rng(seed).choice(len(images), k, replace=False)
-    X = np.concatenate([make_transformed_copies(images[i], c, max_rotation=180,
-                                                max_translation=shift,
-                                                random_state=seed * 1000 + j)[0]
-                        for j, i in enumerate(picks)]).astype(np.float32)
-    y = np.repeat(np.arange(k), c)
+    X, y = _mnist_copies(k, c, seed, shift)
     est = InvariantAttentionClusterer(random_state=seed, max_translation=shift).fit(
         X.reshape(len(X), -1))
     assert est.n_clusters_ == k and adjusted_rand_score(y, est.labels_) == 1.0
