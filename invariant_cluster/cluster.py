@@ -89,15 +89,15 @@ class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixF
         each group must also be separated on the continuously refined distances of the same
         edges (the grid leaves a pair up to half a grid step off: a dozen copies of one shape
         whose angles fall in two sets half a step apart are two groups on the grid's distances,
-        not on the refined ones); where the refined distances alone have a finer separated
-        partition, it is taken if its groups are separated more widely there than the grid's
-        groups are (the grid's half-step error can chain two shapes together; the runs of
-        nearby angles that the refined distances show inside a clean group are separated less
-        widely). The finer is taken; where the measured noise is material
+        not on the refined ones). The finer of the two is taken, and then, where the refined
+        distances alone have a finer separated partition, that one if its groups are separated
+        more widely there than the grid's groups are (the grid's half-step error can chain two
+        shapes together; the runs of nearby angles that the refined distances show inside a
+        clean group are separated less widely). Where the measured noise is material
         (``noise_std_`` at least 10% of the images' standard deviation) and dominates the
         refined distances (each image's nearest and second-nearest neighbours about equally
-        far: median ratio 0.85 or more), that of the converged means' graph when it is finer
-        (gap 1.5, on the refined distances too with ``refine=True``; a refinement of the
+        far: median ratio 0.85 or more), the converged means' graph's partition is taken when
+        it is finer (gap 1.5, on the refined distances too with ``refine=True``; a refinement of the
         samples' separated partition where there is one, and where there is none, not coarser
         than modularity's count): the iteration collapses each group of noisy copies onto one
         invariant mean, so the means are separated where noisy samples are not. There too, the
