@@ -1181,15 +1181,17 @@ def _tree_leaves(v: int, children, n: int) -> list:
 
 
 def noise_dominated_groups(index: np.ndarray, refined: np.ndarray,
-                           min_gap: float = SEPARATED_MIN_GAP):
+                           min_gap: float = SEPARATED_MIN_GAP, separated=None):
     """The finest of the separated partitions on the refined distances ``(n, k)`` of the kNN
     edges alone: the single cut, HDBSCAN's clusters and the finest clusters each separated by
     its own gap (:func:`finest_own_gap_groups`); ``(None, 1.0)`` where none is. For distances
     dominated by noise (:func:`noise_dominated`, tested by the caller): the grid leaves each
     pair of noisy copies up to half a step off, by its own amount, which blurs the gaps between
     shapes closer than the noise; the refined distances bring each pair to the noise's own
-    distance."""
-    labels, separation = finest_separated(index, refined, min_gap=min_gap)
+    distance. ``separated``: :func:`finest_separated`'s ``(labels, separation)`` on ``refined``
+    at ``min_gap``, where the caller has it already."""
+    labels, separation = (finest_separated(index, refined, min_gap=min_gap)
+                          if separated is None else separated)
     labels_t, separation_t = finest_own_gap_groups(index, refined, min_gap=min_gap)
     if labels_t is not None and (labels is None or labels_t.max() > labels.max()):
         return labels_t, separation_t
@@ -1354,10 +1356,12 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
 
     if refined is not None:
         refined = functools.cache(refined)  # computed once, where first needed
+        # the separated partitions of the refined distances alone, read by two rules below
+        alone = functools.cache(lambda: finest_separated(index, refined()))
     labels, separation = finest_separated(index, dist, refined=refined)
     rule = "separated"
     if refined is not None and labels is not None:
-        labels_w, separation_w = _wider_on_refined(index, labels, refined())
+        labels_w, separation_w = _wider_on_refined(index, labels, refined(), alone())
         if labels_w is not None:
             labels, separation, rule = labels_w, separation_w, "separated_refined"
     # where the noise is material (means_edges given), whether it dominates the samples'
@@ -1367,7 +1371,7 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     dominated = means_edges is not None and noise_dominated(
         dist if refined is None else refined())
     if dominated and refined is not None:
-        labels_r, separation_r = noise_dominated_groups(index, refined())
+        labels_r, separation_r = noise_dominated_groups(index, refined(), separated=alone())
         if labels_r is not None and (labels is None or labels_r.max() > labels.max()):
             labels, separation, rule = labels_r, separation_r, "separated_refined"
     if dominated and means_edges[0].shape[1] > 0:
@@ -1397,7 +1401,7 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     return labels, rule, separation
 
 
-def _wider_on_refined(index, labels, refined):
+def _wider_on_refined(index, labels, refined, alone=None):
     """The finest separated partition of the refined distances ``refined`` alone
     (:func:`finest_separated`), where it has more groups than ``labels`` (the grid's separated
     partition) and its groups are more widely separated on those distances than the groups of
@@ -1410,8 +1414,10 @@ def _wider_on_refined(index, labels, refined):
     (clean shifted MNIST, 12 shapes x 3 copies: 10 groups, the joined shapes separated by 3.7
     or more on the refined distances); where the refined distances split a shape into the runs
     of angles its interpolation artefacts set apart (clean copies of 12 or more a shape),
-    those runs are closer than the grid's groups are to each other."""
-    finer, separation = finest_separated(index, refined)
+    those runs are closer than the grid's groups are to each other. ``alone``:
+    :func:`finest_separated`'s ``(labels, separation)`` on ``refined``, where the caller has it
+    already."""
+    finer, separation = finest_separated(index, refined) if alone is None else alone
     if finer is None or finer.max() <= labels.max():
         return None, None
     S = _symmetric_distances(index, refined)

@@ -144,7 +144,7 @@ def test_noisy_shapes_closer_than_their_copies_counted_by_the_eigengap(monkeypat
     import invariant_cluster._grouping as grouping
 
     monkeypatch.setattr(grouping, "_eigengap_refined", lambda *args: None)
-    monkeypatch.setattr(grouping, "noise_dominated_groups", lambda *args: (None, 1.0))
+    monkeypatch.setattr(grouping, "noise_dominated_groups", lambda *args, **kwargs: (None, 1.0))
     monkeypatch.setattr(grouping, "_wider_on_refined", lambda *args: (None, None))
     assert _fit(X).n_clusters_ == found_before
 
@@ -163,7 +163,7 @@ def test_noisy_shapes_merged_by_modularity_counted_by_the_eigengap(monkeypatch, 
     assert est.n_clusters_ == n_shapes
     assert adjusted_rand_score(y, est.labels_) >= 0.95
     monkeypatch.setattr(grouping, "_eigengap_refined", lambda *args: None)
-    monkeypatch.setattr(grouping, "noise_dominated_groups", lambda *args: (None, 1.0))
+    monkeypatch.setattr(grouping, "noise_dominated_groups", lambda *args, **kwargs: (None, 1.0))
     before = _fit(X)
     assert before.count_rule_ == "modularity"
     assert before.n_clusters_ < n_shapes
