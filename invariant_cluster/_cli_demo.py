@@ -13,9 +13,9 @@ import time
 from ._cli_support import (
     UsageError,
     _check_out,
-    _clear,
     _environment,
     _print_table,
+    _replacing,
     _save_figure,
     _warnings_as_lines,
 )
@@ -23,6 +23,7 @@ from ._progress import StageBar
 
 N_DIGITS = 1000  # 8 x 8 digits: about a minute on 2 shared CPU cores (measured)
 N_MNIST = 300   # 28 x 28 images cost about 12 times more per pair
+FILES = ("invariant_means.png", "demo.json")  # the demo's own files in --out
 
 
 def _data(args):
@@ -101,12 +102,11 @@ def run(args):
                              "seconds": time.perf_counter() - t0, "n_iter": int(est.n_iter_),
                              "converged": bool(est.history_ and est.history_[-1] <= est.tol),
                              "n_clusters": int(est.n_clusters_)})
-        with progress.stage("writing"):
+        with progress.stage("writing"), _replacing(out, FILES) as stage:
             import numpy as np
 
             from .plotting import plot_invariant_means
 
-            _clear(out, ("invariant_means.png", "metrics.json"))
             # "c3: mostly 7" — the cluster's index and its most common true digit, so that the
             # caption is not read as the digit itself
             majority = [int(np.bincount(y[invariant.labels_ == c], minlength=1).argmax())
@@ -115,7 +115,7 @@ def run(args):
                 invariant, title=f"invariant means: {n} digits rotated within "
                                  f"±{args.max_rotation:g}°",
                 captions=[f"c{c}: mostly {d}" for c, d in enumerate(majority)])
-            _save_figure(ax, out / "invariant_means.png")
+            _save_figure(ax, stage / "invariant_means.png")
             report = {
                 "data": name,
                 "n_samples": n,
@@ -126,10 +126,10 @@ def run(args):
                 "results": rows,
                 "environment": _environment(),
             }
-            (out / "metrics.json").write_text(json.dumps(report, indent=2) + "\n")
+            (stage / "demo.json").write_text(json.dumps(report, indent=2) + "\n")
     finally:
         progress.close()
     print()
     _print_table(rows)
-    print(f"\nwrote {out / 'invariant_means.png'} and {out / 'metrics.json'}")
+    print(f"\nwrote {out / 'invariant_means.png'} and {out / 'demo.json'}")
     return 0

@@ -122,10 +122,33 @@ def _check_out(path):
     return out
 
 
-def _clear(out, names):
-    """Remove this command's files of an earlier run, so that the folder describes one run."""
-    for name in names:
-        (out / name).unlink(missing_ok=True)
+@contextmanager
+def _replacing(out, names):
+    """Write a command's files into a staging folder inside ``out``, then put them in place of
+    the command's files of an earlier run.
+
+    ``names`` is every file the command may write (no other command writes any of them). The
+    command writes into the folder yielded; once it is done, its files of an earlier run that
+    this run did not write are removed and the new ones are renamed into ``out``. When writing
+    fails or is interrupted, ``out`` keeps the earlier run as it was, with nothing partial
+    beside it. Any other file (another command's, the user's) is never touched."""
+    import shutil
+    import tempfile
+
+    stage = Path(tempfile.mkdtemp(prefix=f".{PROG}-", dir=out))
+    try:
+        yield stage
+        written = {p.name for p in stage.iterdir()}
+        if not written <= set(names):  # a file the command does not declare as its own
+            raise RuntimeError(f"wrote {sorted(written - set(names))}, not among this "
+                               f"command's files {list(names)}")
+        for name in names:
+            if name not in written:
+                (out / name).unlink(missing_ok=True)
+        for name in sorted(written):
+            os.replace(stage / name, out / name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _check_finite(**results):
@@ -170,14 +193,15 @@ def _save_figure(ax, path):
     plt.close(fig)
 
 
-def _write_labels(out, labels, y, names):
-    """``labels.csv``: each image (index or file name), its cluster and its true label."""
+def _write_labels(out, labels, y, names, file="labels.csv"):
+    """``file`` (``labels.csv``): each image (index or file name), its cluster and its true
+    label."""
     ids = names if names is not None else list(range(len(labels)))
     id_col = "file" if names is not None else "index"
     header = [id_col, "label"] + (["true_label"] if y is not None else [])
     rows = [[ids[i], int(labels[i])] + ([y[i].item()] if y is not None else [])
             for i in range(len(labels))]
-    _write_csv(out / "labels.csv", header, rows)
+    _write_csv(out / file, header, rows)
     return ids, id_col
 
 

@@ -29,13 +29,22 @@ any dask task. The shared inputs (the keys, their warps) are scattered to every 
 uses its own intra-op threads inside each task: with several worker processes per machine set
 ``OMP_NUM_THREADS`` (or ``torch.set_num_threads`` in a worker plugin) so they do not oversubscribe
 the cores.
+
+An estimator's ``client`` parameter (:class:`DaskClientMixin`) is a connection, not a value:
+:func:`sklearn.base.clone` (and so ``GridSearchCV``, ``cross_validate``) gives the clone the
+same client, and a pickled estimator leaves it out (it unpickles with ``client=None``, computing
+in its own process until ``set_params(client=...)``), as a client cannot be copied or pickled.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Sequence
 
-__all__ = ["blocked_map", "resolve_client"]
+__all__ = ["DaskClientMixin", "blocked_map", "resolve_client"]
+
+# the states of a dask.distributed.Client that can no longer run tasks
+_CLOSED = ("closing", "closed")
 
 
 def _joblib_dask_client():
@@ -71,14 +80,57 @@ def resolve_client(client=None):
     ------
     TypeError
         If ``client`` is not None and has no ``submit``/``scatter``/``gather`` methods.
+    ValueError
+        If the client (given, or joblib's dask backend's) is closed.
     """
     if client is None:
-        return _joblib_dask_client()
+        client = _joblib_dask_client()
+        if client is not None and getattr(client, "status", None) in _CLOSED:
+            raise ValueError("joblib's dask backend: its Dask client is closed; open a new "
+                             "dask.distributed.Client for the backend")
+        return client
     if not all(callable(getattr(client, m, None)) for m in ("submit", "scatter", "gather")):
         raise TypeError(
             f"client: expected a dask.distributed.Client or None, got {type(client).__name__}"
         )
+    if getattr(client, "status", None) in _CLOSED:
+        raise ValueError(f"client: the Dask client is closed (status {client.status!r}); pass "
+                         "a running dask.distributed.Client, or client=None to compute in "
+                         "this process")
     return client
+
+
+class DaskClientMixin:
+    """The ``client`` parameter of an estimator: checked before the work, shared by clones,
+    left out of pickles.
+
+    A :class:`dask.distributed.Client` holds a live connection, which ``copy.deepcopy`` and
+    ``pickle`` refuse; :func:`sklearn.base.clone` deep-copies every parameter that is not an
+    estimator. So the clone gets the very client of the original (a connection is shared, not
+    copied), and the pickled state has ``client=None``: an unpickled estimator computes in its
+    own process until ``set_params(client=...)``. Put this class before the mixin that defines
+    ``_validate`` and before :class:`~sklearn.base.BaseEstimator` among the bases.
+    """
+
+    def _validate(self, X, reset):
+        if self.client is not None:  # a wrong or closed client, said before the long part
+            resolve_client(self.client)
+        return super()._validate(X, reset)
+
+    def __sklearn_clone__(self):
+        client = self.client
+        if client is None:
+            return super().__sklearn_clone__()
+        twin = copy.copy(self)  # shallow: the same parameters and arrays, no copy of any
+        twin.client = None
+        new = super(DaskClientMixin, twin).__sklearn_clone__()
+        return new.set_params(client=client)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        if state.get("client") is None:
+            return state
+        return {**state, "client": None}  # a new dict: the estimator keeps its client
 
 
 def blocked_map(fn: Callable, blocks: Iterable, *, shared: Sequence = (), client=None,

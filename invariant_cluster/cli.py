@@ -4,7 +4,7 @@ Four commands:
 
 - ``demo``: cluster randomly rotated digits (offline, scikit-learn's bundled 8 x 8 digits, or
   the MNIST test split with ``--data``) with k-means, kernel attention and invariant attention;
-  print ACC / ARI / NMI / seconds, write ``invariant_means.png`` and ``metrics.json``.
+  print ACC / ARI / NMI / seconds, write ``invariant_means.png`` and ``demo.json``.
 - ``fit``: cluster your own images (``.npy``/``.npz``, MRC stacks ``.mrcs``/``.mrc``, IDX files
   or a folder of PNG/JPEG) and write ``labels.csv``, ``alignments.csv``, ``centers.png`` (and
   ``metrics.json`` when labels are given).
@@ -22,8 +22,11 @@ Importing this module is cheap (no torch, no NumPy): ``--help`` answers at once 
 import happens inside the command that needs it. The readers of the input files live in
 :mod:`invariant_cluster.datasets`, the small helpers in ``_cli_support``.
 
-Each command checks that ``--out`` is writable before its long part, and removes its own files
-of an earlier run before writing, so that a folder always describes one run.
+Each command checks that ``--out`` is writable before its long part. No two commands write a
+file of the same name, so that they can share a folder: a command writes its files into a
+staging folder inside ``--out`` and, once all are written, puts them in place of its own files
+of an earlier run (those this run does not write are removed), never touching another
+command's; a run that fails leaves the folder as it was.
 
 Exit status: 0 on success, 2 for bad arguments or unreadable input (one line on stderr, no
 traceback), 1 when the computation itself fails (e.g. out of memory), 130 on Ctrl-C.
@@ -45,13 +48,13 @@ from ._cli_support import (
     _bandwidth,
     _check_finite,
     _check_out,
-    _clear,
     _components,
     _environment,
     _noise_std,
     _nonnegative_float,
     _nonnegative_int,
     _positive_int,
+    _replacing,
     _save_figure,
     _version,
     _warnings_as_lines,
@@ -227,9 +230,8 @@ def _cmd_fit(args):
             X, y, names = _load(args, args.labels)
         out = _check_out(args.out)
         est, seconds = _fit(args, progress, X)
-        with progress.stage("writing"):
-            _clear(out, _FIT_FILES)
-            _write_fit_outputs(out, est, X, y, names, seconds, args)
+        with progress.stage("writing"), _replacing(out, _FIT_FILES) as stage:
+            _write_fit_outputs(stage, est, X, y, names, seconds, args)
     finally:
         progress.close()
     _report_clusters(est, X, seconds)
@@ -253,7 +255,8 @@ pip install invariant_cluster[mrc]), .npy/.npz, IDX or a folder of PNG/JPEG.
 
 With --one-step (implied by --denoise and --center), each image's class average is instead the
 plain average of the image and its --n-neighbors (default 10) invariant nearest neighbours, each
-aligned onto it, in one step (invariant_cluster.class_averages): no clustering, no labels.csv.
+aligned onto it, in one step (invariant_cluster.class_averages): no clustering, no
+class_labels.csv.
 --denoise C searches for those neighbours on a denoised copy (DihedralPCA with C components, or
 'auto' for as many as stand above the noise, zoomed out to --denoise-size pixels) and averages
 the original images; --center centres each copy on its centre of mass first, for particles
@@ -271,7 +274,7 @@ Output (in --out):
   class_averages.mrcs  (n, H, W) float32, image i's class average in image i's pose (with the
                        input's voxel size when it is an MRC file); with --star and clustering,
                        (n_classes, H, W), one per class
-  labels.csv           the cluster of each image (not with --one-step)
+  class_labels.csv     the cluster of each image (not with --one-step)
   particles.star       with --star: its rows, and each particle's rlnClassNumber (1-based),
                        rlnIsFlip, rlnAnglePsi, rlnOriginXAngst, rlnOriginYAngst: mirrored,
                        turned and shifted as relion_stack_create --apply_transformation does,
@@ -289,7 +292,8 @@ examples:
 
 Options left out keep the defaults of invariant_cluster.InvariantAttentionClusterer."""
 
-_AVERAGES_FILES = ("class_averages.mrcs", "labels.csv", "class_averages.json")
+_AVERAGES_FILES = ("class_averages.mrcs", "class_labels.csv", "class_averages.json",
+                   _cli_averages.STAR_OUT)
 
 
 def _cmd_class_averages(args):
@@ -336,18 +340,17 @@ def _cmd_class_averages(args):
             method |= {"n_clusters": int(est.n_clusters_), "n_iter": int(est.n_iter_),
                        "params": est.get_params(deep=False) | {"device": str(est.device)}}
         method |= {"rotation_center": centre, "star": None if ctf is None else str(args.star)}
-        with progress.stage("writing"):
-            _clear(out, (*_AVERAGES_FILES, _cli_averages.STAR_OUT))
-            save_mrc(out / "class_averages.mrcs",
+        with progress.stage("writing"), _replacing(out, _AVERAGES_FILES) as stage:
+            save_mrc(stage / "class_averages.mrcs",
                      averages.reshape(len(averages), *X.shape[2:]), voxel)
             if est is not None:
-                _write_labels(out, est.labels_, None, names)
+                _write_labels(stage, est.labels_, None, names, "class_labels.csv")
             if ctf is not None:
-                _cli_averages.write_results(out, table, optics, labels, tau, ctf)
+                _cli_averages.write_results(stage, table, optics, labels, tau, ctf)
             info = {"input": str(args.input), "n_images": len(X),
                     "image_shape": list(X.shape[2:]), "voxel_size": voxel, **method,
                     "seconds": seconds, "environment": _environment()}
-            (out / "class_averages.json").write_text(
+            (stage / "class_averages.json").write_text(
                 json.dumps(info, indent=2, default=str) + "\n")
     finally:
         progress.close()
@@ -407,7 +410,7 @@ invariant attention (attention that aligns images before comparing them).
 
 Works offline on scikit-learn's bundled 8x8 digits; with --data, on the MNIST test split
 (28x28). Prints ACC (accuracy under the best matching of clusters to digits), ARI, NMI and the
-seconds each method took, and writes invariant_means.png and metrics.json to --out."""
+seconds each method took, and writes invariant_means.png and demo.json to --out."""
 
 _DEMO_EPILOG = """\
 examples:
@@ -475,18 +478,17 @@ def _cmd_neighbors(args):
                                                 return_alignments=True)
             seconds = time.perf_counter() - t0
         _check_finite(distances=dist, alignments=tau)
-        with progress.stage("writing"):
-            _clear(out, _NEIGHBORS_FILES)
-            sparse.save_npz(out / "graph.npz", csr_graph(dist, ind, len(X)))
-            np.save(out / "indices.npy", ind)
-            np.save(out / "distances.npy", dist)
-            np.save(out / "alignments.npy", tau)
+        with progress.stage("writing"), _replacing(out, _NEIGHBORS_FILES) as stage:
+            sparse.save_npz(stage / "graph.npz", csr_graph(dist, ind, len(X)))
+            np.save(stage / "indices.npy", ind)
+            np.save(stage / "distances.npy", dist)
+            np.save(stage / "alignments.npy", tau)
             info = {"input": str(args.input), "n_images": len(X),
                     "image_shape": list(est.image_shape_), "n_neighbors": args.n_neighbors,
                     "params": est.get_params(deep=False) | {"client": None,
                                                            "device": str(est.device)},
                     "seconds": seconds, "environment": _environment()}
-            (out / "neighbors.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+            (stage / "neighbors.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     finally:
         progress.close()
     print(f"{len(X)} images -> invariant {args.n_neighbors}-NN graph in {seconds:.1f} s; "
@@ -513,7 +515,9 @@ def build_parser():
                "  invariant-cluster fit images.npy --n-clusters 10 --max-rotation 60\n"
                "  invariant-cluster fit --help           # every option of fit\n"
                "  invariant-cluster neighbors images.npy --n-neighbors 15 --out knn\n"
-               "  invariant-cluster class-averages particles.mrcs --out averages\n",
+               "  invariant-cluster class-averages particles.mrcs --out averages\n"
+               "\nNo two commands write a file of the same name: each replaces only its own "
+               "files\nof an earlier run in --out, and a run that fails leaves --out as it was.\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")

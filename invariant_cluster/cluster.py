@@ -26,6 +26,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from . import _memory
+from ._dask import DaskClientMixin
 from ._duplicates import (
     canonical_order,
     first_of_each,
@@ -64,8 +65,8 @@ from .transforms import compose_se2, fast_warp
 __all__ = ["InvariantAttentionClusterer", "invariant_attention_clustering"]
 
 
-class InvariantAttentionClusterer(SE2SearchMixin, ClusterMixin, ClassNamePrefixFeaturesOutMixin,
-                                  TransformerMixin, BaseEstimator):
+class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
+                                  ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Cluster images invariantly to rotations and translations by iterated invariant attention.
 
     Every image attends to its invariant nearest neighbours with the invariant kernel (the

@@ -32,6 +32,7 @@ from sklearn.utils._param_validation import StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from . import _memory
+from ._dask import DaskClientMixin
 from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin, shift_params
 from ._heap import reusing_heap
 from ._utils import resolve_device, to_tensor
@@ -87,8 +88,9 @@ def _identity_check(Q, K, qi, ind, D, P, max_elements=None):
     return D.reshape(n_q, kk), P.reshape(n_q, kk, -1)
 
 
-class InvariantKNeighborsTransformer(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin,
-                                     TransformerMixin, BaseEstimator):
+class InvariantKNeighborsTransformer(DaskClientMixin, SE2SearchMixin,
+                                     ClassNamePrefixFeaturesOutMixin, TransformerMixin,
+                                     BaseEstimator):
     """Transform images into the sparse graph of their invariant k nearest neighbours.
 
     The graph has the contract of :class:`sklearn.neighbors.KNeighborsTransformer`, with the

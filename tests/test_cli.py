@@ -195,7 +195,7 @@ class TestDemo:
             assert method in proc.stdout
         header = next(line for line in proc.stdout.splitlines() if line.startswith("method"))
         assert header.split() == ["method", "ACC", "ARI", "NMI", "seconds"]
-        m = json.loads((out / "metrics.json").read_text())
+        m = json.loads((out / "demo.json").read_text())
         assert m["n_samples"] == 60 and m["max_rotation"] == 45.0
         assert [r["method"] for r in m["results"]] == [
             "k-means (pixels)", "kernel attention", "invariant attention"]

@@ -129,3 +129,92 @@ def test_worker_processes():
             out = neighbor_search(X, X, grid, k=3, n_candidates=10, batch_size=10, client=c)
     for a, b in zip(ref, out):
         assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# estimators holding a client: clone, model selection, pickle, a closed client
+# ---------------------------------------------------------------------------------------------
+
+
+def _copies():
+    """Rotated copies of a T and a box (11 x 11), three of each, and which shape each is."""
+    import numpy as np
+    from _images import t_and_box
+
+    shapes = t_and_box()
+    X = np.stack([np.rot90(s, r) for s in shapes for r in range(3)]).astype(np.float32)
+    return X.reshape(len(X), -1), np.repeat([0, 1], 3)
+
+
+def _estimators(client):
+    from invariant_cluster import InvariantAttentionClusterer, InvariantKNeighborsTransformer
+
+    return [InvariantAttentionClusterer(2, n_rotations=4, max_translation=0, device="cpu",
+                                        random_state=0, client=client),
+            InvariantKNeighborsTransformer(n_neighbors=2, n_rotations=4, max_translation=0,
+                                           device="cpu", client=client)]
+
+
+def test_clone_keeps_the_client(client):
+    from sklearn.base import clone
+
+    X, _ = _copies()
+    for est in _estimators(client):
+        est.set_params(n_rotations=8)
+        twin = clone(est.fit(X))
+        assert twin.client is client and est.client is client
+        assert twin.get_params() == est.get_params()
+        assert not hasattr(twin, "image_shape_")  # a clone is not fitted
+
+
+def test_grid_search_with_a_client(client):
+    from sklearn.model_selection import GridSearchCV, KFold
+
+    X, y = _copies()
+    scores = []
+    for c in (client, None):
+        search = GridSearchCV(_estimators(c)[0], {"n_rotations": [2, 4]},
+                              cv=KFold(2, shuffle=True, random_state=0),
+                              scoring="adjusted_rand_score")
+        with distributed.get_task_stream(client) as tasks:
+            search.fit(X, y)
+        assert bool(tasks.data) == (c is not None)  # the clones' fits ran on the cluster
+        assert search.best_estimator_.client is c
+        scores.append(search.cv_results_["mean_test_score"])
+    # the cluster changes where each block runs, never the result
+    assert scores[0].tolist() == scores[1].tolist()
+
+
+def test_fitted_estimator_pickles_without_its_client(client):
+    import pickle
+
+    import numpy as np
+
+    X, _ = _copies()
+    cluster, knn = _estimators(client)
+    for est in (cluster.fit(X), knn.fit(X)):
+        back = pickle.loads(pickle.dumps(est))
+        assert back.client is None and est.client is client
+        assert {k: v for k, v in back.get_params().items() if k != "client"} == {
+            k: v for k, v in est.get_params().items() if k != "client"}
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(cluster)).predict(X),
+                                  cluster.predict(X))
+    back = pickle.loads(pickle.dumps(knn)).set_params(client=client)
+    for a, b in zip(back.kneighbors(X), knn.kneighbors(X)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_closed_client_is_named():
+    X, _ = _copies()
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=":0") as cluster:
+        c = distributed.Client(cluster)
+        fitted = _estimators(c)[1].fit(X)
+        c.close()
+    for est in _estimators(c):
+        with pytest.raises(ValueError, match="client: the Dask client is closed"):
+            est.fit(X)
+    with pytest.raises(ValueError, match="client: the Dask client is closed"):
+        fitted.kneighbors(X)
+    with pytest.raises(ValueError, match="client: the Dask client is closed"):
+        blocked_map(_square_plus, [1, 2], shared=(1,), client=c)

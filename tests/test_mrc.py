@@ -150,7 +150,7 @@ def test_class_averages(tmp_path, capsys, particles):
                 "--rotation-center", "geometric")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == [
-        "class_averages.json", "class_averages.mrcs", "labels.csv"]
+        "class_averages.json", "class_averages.mrcs", "class_labels.csv"]
     with mrcfile.open(out / "class_averages.mrcs") as mrc:
         assert mrc.is_image_stack()
         assert mrc.voxel_size.item() == pytest.approx((1.5, 1.5, 1.5))
@@ -160,7 +160,7 @@ def test_class_averages(tmp_path, capsys, particles):
     est = InvariantAttentionClusterer(random_state=0, device="cpu").fit(noisy)
     np.testing.assert_allclose(averages, est.invariant_means_.reshape(12, 16, 16),
                                rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(_labels(out / "labels.csv"), est.labels_)
+    np.testing.assert_array_equal(_labels(out / "class_labels.csv"), est.labels_)
     # a class average is a denoised image: nearer the clean image than the noisy one is
     err_avg = np.linalg.norm((averages - clean).reshape(12, -1), axis=1)
     err_noisy = np.linalg.norm((noisy - clean).reshape(12, -1), axis=1)
