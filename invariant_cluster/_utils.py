@@ -35,26 +35,41 @@ _MAGNITUDE_MARGIN = 16.0
 def resolve_device(device) -> torch.device:
     """Resolve ``"auto"`` to CUDA when available, else CPU; validate anything else.
 
+    A device that this torch cannot use (``"mps"`` off Apple silicon or without torch's MPS
+    support, ``"cuda"`` without CUDA, ``"cuda:N"`` past the last GPU) is a ``ValueError``
+    naming ``device``, as a string or a :class:`torch.device`.
+
     Parameters
     ----------
-    device : {"auto", "cpu", "cuda", "cuda:N"} or torch.device
+    device : {"auto", "cpu", "cuda", "cuda:N", "mps"} or torch.device
     """
+    expected = "'auto', 'cpu', 'cuda[:N]', 'mps' or a torch.device"
     if isinstance(device, torch.device):
-        return device
-    if not isinstance(device, str):
-        raise TypeError(
-            f"device: expected 'auto', 'cpu', 'cuda[:N]' or a torch.device, got {device!r}"
-        )
-    if device == "auto":
+        dev = device
+    elif not isinstance(device, str):
+        raise TypeError(f"device: expected {expected}, got {device!r}")
+    elif device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as exc:
-        raise ValueError(
-            f"device: expected 'auto', 'cpu', 'cuda[:N]' or a torch.device, got {device!r}"
-        ) from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} was requested but CUDA is not available")
+    else:
+        try:
+            dev = torch.device(device)
+        except RuntimeError as exc:
+            raise ValueError(f"device: expected {expected}, got {device!r}") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r} was requested but CUDA is not available")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device: {device!r} was requested but there are "
+                             f"{torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"device: {device!r} was requested but MPS (Apple's Metal) is "
+                             "not available to this torch")
+    elif dev.type != "cpu":  # other backends (xpu, ...) that say whether they are there
+        available = getattr(getattr(torch, dev.type, None), "is_available", None)
+        if callable(available) and not available():
+            raise ValueError(f"device: {device!r} was requested but {dev.type} is not "
+                             "available to this torch")
     return dev
 
 

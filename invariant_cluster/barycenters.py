@@ -36,6 +36,7 @@ from .neighbors import aligned_weighted_sum
 from .search import make_search_grid
 from .search.descriptors import centred_images, shifted_images
 from .transforms import (
+    centre_padding,
     check_rotation_center,
     compose_se2,
     fast_warp,
@@ -513,7 +514,21 @@ def _fitted_denoiser(denoise, Xt):
         check_is_fitted(denoise)
     except NotFittedError:
         return clone(denoise).fit(Xt.cpu().numpy())
-    if tuple(denoise.image_shape_) != tuple(Xt.shape[1:]):
-        raise ValueError(f"denoise: fitted on images of shape {tuple(denoise.image_shape_)}, "
-                         f"got {tuple(Xt.shape[1:])}")
+    fitted, frame = tuple(denoise.image_shape_), tuple(Xt.shape[1:])
+    if fitted != frame:
+        pad = (frame[1] - fitted[1], frame[2] - fitted[2])
+        if fitted[0] == frame[0] and pad != (0, 0) \
+                and pad == centre_padding(fitted[1], fitted[2], "fourier"):
+            # Maintenance note: the search turns the images about the Fourier centre by
+            # turning them about the geometric centre of the padded frame; a DihedralPCA
+            # fitted on the unpadded box is symmetric about the box's own geometric centre,
+            # half a pixel away, and its copies would not turn with the images.
+            raise ValueError(
+                f"denoise: fitted on images of shape {fitted}, but with rotation_center="
+                f"'fourier' (the default with ctf) the search runs on them padded to {frame}, "
+                f"a zero row and column appended so that its quarter turns and mirrors are "
+                f"about the Fourier centre: pass denoise unfitted (it is then fitted on the "
+                f"padded images) or fit it on the images padded so, "
+                f"np.pad(X, ((0, 0), (0, {pad[0]}), (0, {pad[1]})))")
+        raise ValueError(f"denoise: fitted on images of shape {fitted}, got {frame}")
     return denoise

@@ -34,12 +34,15 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import reprlib
 import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from ._utils import as_array, resolve_device, to_tensor
 
 __all__ = ["CTF", "ctf_images", "apply_ctf", "phase_flip", "wiener_filter", "wiener_average",
            "spectral_snr", "ctf_groups", "cross_ctf_filters", "read_star", "write_star",
@@ -74,11 +77,13 @@ class CTF:
     ----------
     defocus_u, defocus_v : array-like of shape (n,)
         Defocus along and across the astigmatism angle, in ångström, positive for underfocus
-        (``defocus_v`` None: equal to ``defocus_u``, no astigmatism).
+        (``defocus_v`` None: equal to ``defocus_u``, no astigmatism). 0 (no CTF, as files of
+        data without one carry it) or at least 100 Å: a value in between is refused as
+        micrometres given for ångström.
     defocus_angle : float or array-like, default=0
         Astigmatism angle in degrees (see the module's Convention).
     voltage : float or array-like, default=300
-        Acceleration voltage in kV.
+        Acceleration voltage in kV, at most 1,000 (more is refused as volts given for kV).
     spherical_aberration : float or array-like, default=2.7
         ``Cs`` in mm.
     amplitude_contrast : float or array-like, default=0.1
@@ -87,6 +92,9 @@ class CTF:
         Ångström per pixel, positive.
     phase_shift : float or array-like, default=0
         Additional phase shift in degrees (phase plates).
+
+    Every field takes real numbers (ints or floats, NumPy or torch); text, booleans and
+    complex numbers are refused with a ``TypeError`` naming the field.
 
     Examples
     --------
@@ -115,10 +123,7 @@ class CTF:
             v = getattr(self, f.name)
             if isinstance(v, torch.Tensor):
                 v = v.detach().cpu().numpy()
-            try:
-                arr = np.asarray(v, dtype=np.float64)
-            except (TypeError, ValueError):
-                raise TypeError(f"{f.name}: expected real numbers, got {v!r}") from None
+            arr = _real_values(v, f.name)
             if arr.ndim > 1:
                 raise ValueError(f"{f.name}: expected a number or an array of shape (n,), got "
                                  f"shape {arr.shape}")
@@ -135,11 +140,16 @@ class CTF:
             if not np.isfinite(arr).all():
                 raise ValueError(f"{name}: contains NaN or infinity")
             object.__setattr__(self, name, arr)
-        _check_range(self.defocus_u, "defocus_u", lambda a: a >= 0,
-                     "non-negative (underfocus, in ångström)")
-        _check_range(self.defocus_v, "defocus_v", lambda a: a >= 0,
-                     "non-negative (underfocus, in ångström)")
+        for name in ("defocus_u", "defocus_v"):
+            arr = getattr(self, name)
+            _check_range(arr, name, lambda a: a >= 0, "non-negative (underfocus, in ångström)")
+            _check_unit(arr, name, (arr > 0) & (arr < _MIN_DEFOCUS),
+                        "ångström: 0 (no CTF) or at least 100 Å",
+                        lambda x: f"µm given for Å? ({x:g} µm is {x * 1e4:g} Å)")
         _check_range(self.voltage, "voltage", lambda a: a > 0, "positive (kV)")
+        _check_unit(self.voltage, "voltage", self.voltage > _MAX_VOLTAGE,
+                    "kV, at most 1000 kV",
+                    lambda x: f"looks like volts ({x:g} V is {x / 1e3:g} kV)")
         _check_range(self.spherical_aberration, "spherical_aberration", lambda a: a >= 0,
                      "non-negative (mm)")
         _check_range(self.amplitude_contrast, "amplitude_contrast",
@@ -155,12 +165,17 @@ class CTF:
         return CTF(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
     def warped(self, params) -> CTF:
-        """The CTF of each image once warped by ``params`` ``(n, 3)`` or ``(n, 4)`` (the
-        convention of :mod:`invariant_cluster.transforms`): the astigmatism turns with it."""
-        p = np.asarray(params.detach().cpu() if isinstance(params, torch.Tensor) else params,
-                       dtype=np.float64).reshape(-1, np.shape(params)[-1])
-        if p.shape[0] != len(self):
-            raise ValueError(f"params: expected {len(self)} rows, got {p.shape[0]}")
+        """The CTF of each image once warped by ``params`` ``(n, 3)`` ``(angle, tx, ty)`` or
+        ``(n, 4)`` ``(angle, tx, ty, mirror)`` (the convention of
+        :mod:`invariant_cluster.transforms`): the astigmatism turns with it."""
+        p = _real_values(params.detach().cpu().numpy() if isinstance(params, torch.Tensor)
+                         else params, "params")
+        if p.ndim != 2 or p.shape[1] not in (3, 4) or p.shape[0] != len(self):
+            raise ValueError(f"params: expected shape ({len(self)}, 3) (angle, tx, ty) or "
+                             f"({len(self)}, 4) (angle, tx, ty, mirror), one row per image, got "
+                             f"shape {p.shape}")
+        if not np.isfinite(p).all():
+            raise ValueError("params: contains NaN or infinity")
         angle = self.defocus_angle
         if p.shape[1] == 4:
             angle = np.where(p[:, 3] > 0.5, -angle, angle)
@@ -169,11 +184,41 @@ class CTF:
         return CTF(**new)
 
 
+# the units' plausible ranges: a voltage in kV, a non-zero defocus in ångström
+_MAX_VOLTAGE = 1000.0
+_MIN_DEFOCUS = 100.0
+
+
+def _real_values(v, name) -> np.ndarray:
+    """``v`` as a float64 array, or a ``TypeError`` naming ``name`` where it holds anything
+    but real numbers (text such as ``"20000"``, booleans and complex numbers included: a
+    number read from text is the caller's conversion to make)."""
+    try:
+        raw = np.asarray(v)
+    except (TypeError, ValueError):
+        raw = None
+    ok = raw is not None and (raw.dtype.kind in "iuf" or raw.dtype.kind == "O" and all(
+        isinstance(e, numbers.Real) and not isinstance(e, (bool, np.bool_))
+        for e in raw.ravel()))
+    if not ok:
+        kind = "" if raw is None else f" (dtype {raw.dtype})"
+        raise TypeError(f"{name}: expected real numbers, got {reprlib.repr(v)}{kind}")
+    return raw.astype(np.float64)
+
+
 def _check_range(arr, name, ok, expected):
     bad = ~ok(arr)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(f"{name}: expected {expected} values, got {arr[i]!r} at image {i}")
+
+
+def _check_unit(arr, name, bad, unit, hint):
+    """A ``ValueError`` naming ``name`` and its ``unit`` at the first ``bad`` value."""
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        x = float(arr[i])
+        raise ValueError(f"{name}: expected {unit}; got {x:g} at image {i}, {hint(x)}")
 
 
 def _check_ctf(ctf, n=None, name="ctf") -> CTF:
@@ -212,7 +257,12 @@ def ctf_images(ctf: CTF, shape, *, dtype=torch.float64, device="cpu", half=False
     shape : (int, int)
         ``(H, W)``.
     dtype : torch.dtype, default=torch.float64
+        A floating-point dtype. float16 and bfloat16 values are computed in float32 and
+        rounded (the phase's ``Cs k^4`` term overflows float16).
     device : str or torch.device, default="cpu"
+        As :func:`invariant_cluster._utils.resolve_device` reads it ("auto", "cpu",
+        "cuda[:N]", "mps", a torch.device); a device that is not available is a
+        ``ValueError``.
     half : bool, default=False
         Only the ``W // 2 + 1`` columns of ``torch.fft.rfft2`` (the CTF is even in ``k``).
 
@@ -224,6 +274,9 @@ def ctf_images(ctf: CTF, shape, *, dtype=torch.float64, device="cpu", half=False
     """
     ctf = _check_ctf(ctf)
     h, w = _check_shape(shape)
+    out_dtype = _check_dtype(dtype)
+    dtype = _working_dtype(out_dtype)
+    device = resolve_device(device)
     ky, kx = _frequencies(h, w, half=half, dtype=dtype, device=device)
 
     def col(a):
@@ -260,13 +313,35 @@ def ctf_images(ctf: CTF, shape, *, dtype=torch.float64, device="cpu", half=False
             i = h // 2
             C[:, i, j] = 0.25 * sum(values(sy * ky[i:i + 1, j:j + 1], sx * kx[i:i + 1, j:j + 1])
                                     for sy in (1, -1) for sx in (1, -1))[:, 0, 0]
-    return C
+    return C.to(out_dtype)
+
+
+def _check_dtype(dtype) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype: expected a floating-point torch.dtype, got {dtype!r}")
+    return dtype
+
+
+def _working_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the filters compute in: float32 for float16 and bfloat16 (which torch's FFT
+    does not take on the CPU, and whose range the CTF's phase and the power spectra exceed),
+    else ``dtype``."""
+    return torch.float32 if torch.finfo(dtype).bits < 32 else dtype
 
 
 def _as_image_tensor(images, n=None, name="images"):
-    """``(tensor (n, H, W) float, is_numpy)``; 2-D input is one image."""
+    """``(tensor (n, H, W), is_numpy, dtype)``: the images in the dtype the filters compute in
+    (:func:`_working_dtype`; float32 for integers), whether they came as NumPy, and the dtype
+    of the results (the input's floating dtype, float32 for integers); 2-D input is one image.
+    NumPy views of any strides (``np.rot90``, ``X[:, ::-1]``) and byte order are taken."""
     is_numpy = not isinstance(images, torch.Tensor)
-    x = torch.as_tensor(np.asarray(images)) if is_numpy else images
+    if is_numpy:
+        arr = as_array(images, name)
+        if arr.dtype.kind not in "biufc":
+            raise TypeError(f"{name}: expected real numbers, got dtype {arr.dtype}")
+        x = to_tensor(arr)
+    else:
+        x = images
     if x.dtype.is_complex or x.dtype == torch.bool:
         raise TypeError(f"{name}: expected real numbers, got dtype {x.dtype}")
     if not x.is_floating_point():
@@ -275,24 +350,44 @@ def _as_image_tensor(images, n=None, name="images"):
         x = x[None]
     if x.ndim != 3:
         raise ValueError(f"{name}: expected shape (n, H, W), got {tuple(x.shape)}")
+    if 0 in x.shape[1:]:
+        raise ValueError(f"{name}: expected images of at least 1 x 1 pixels, got shape "
+                         f"{tuple(x.shape)}")
     if n is not None and x.shape[0] != n:
         raise ValueError(f"{name}: expected {n} images (one per CTF), got {x.shape[0]}")
-    return x, is_numpy
+    dtype = x.dtype
+    return x.to(_working_dtype(dtype)), is_numpy, dtype
 
 
-def _filtered(images, ctf, gain):
-    """``IFFT(gain(C) F(images))`` for images ``(n, H, W)``, NumPy in, NumPy out."""
-    ctf = _check_ctf(ctf)
-    x, is_numpy = _as_image_tensor(images, len(ctf))
-    h, w = x.shape[-2:]
-    C = ctf_images(ctf, (h, w), dtype=x.dtype, device=x.device, half=True)
-    out = torch.fft.irfft2(torch.fft.rfft2(x) * gain(C), s=(h, w))
+def _returned(out: torch.Tensor, is_numpy, dtype):
+    out = out.to(dtype)
     return out.cpu().numpy() if is_numpy else out
 
 
+_NO_SNR = object()  # _filtered's filters without a regulariser
+
+
+def _filtered(images, ctf, gain, snr=_NO_SNR):
+    """``IFFT(gain(C, reg) F(images))`` for images ``(n, H, W)``, ``reg`` the regulariser of
+    ``snr`` (:func:`_regulariser`; None for the filters without one); NumPy in, NumPy out, in
+    the images' dtype."""
+    ctf = _check_ctf(ctf)
+    x, is_numpy, dtype = _as_image_tensor(images, len(ctf))
+    h, w = x.shape[-2:]
+    if x.shape[0] == 0:  # (torch's FFT refuses empty batches)
+        if snr is not _NO_SNR and not _is_auto(snr):
+            _regulariser(snr, x)
+        return _returned(x.clone(), is_numpy, dtype)
+    reg = None if snr is _NO_SNR else _regulariser(snr, x, ctf)
+    C = ctf_images(ctf, (h, w), dtype=x.dtype, device=x.device, half=True)
+    out = torch.fft.irfft2(torch.fft.rfft2(x) * gain(C, reg), s=(h, w))
+    return _returned(out, is_numpy, dtype)
+
+
 def apply_ctf(images, ctf):
-    """Each image filtered by its CTF (a simulation of the microscope), ``(n, H, W)``."""
-    return _filtered(images, ctf, lambda C: C)
+    """Each image filtered by its CTF (a simulation of the microscope), ``(n, H, W)``, in the
+    images' floating dtype (as :func:`phase_flip`)."""
+    return _filtered(images, ctf, lambda C, _: C)
 
 
 def phase_flip(images, ctf):
@@ -306,6 +401,8 @@ def phase_flip(images, ctf):
     Returns
     -------
     flipped : same type and shape as ``images``
+        In the images' floating dtype (float16 stays float16, computed in float32), float32
+        for integer images.
 
     Examples
     --------
@@ -318,7 +415,7 @@ def phase_flip(images, ctf):
     >>> bool(np.corrcoef(y.ravel(), p.ravel())[0, 1] > 0)
     True
     """
-    return _filtered(images, ctf, torch.sign)
+    return _filtered(images, ctf, lambda C, _: torch.sign(C))
 
 
 # The neighbour search's CTF groups: images of at most this many distinct CTFs are compared
@@ -354,11 +451,13 @@ def ctf_groups(ctf, max_groups: int = CTF_GROUPS):
     labels : ndarray of shape (n,)
         Each image's group, ``0 .. G - 1`` in the order of the groups' mean defocus.
     representatives : CTF
-        ``G`` radial CTFs, one per group.
+        ``G`` radial CTFs, one per group (none for a CTF of no images).
     """
     ctf = _check_ctf(ctf)
     max_groups = _check_max_groups(max_groups)
     n = len(ctf)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), ctf
     mean = (ctf.defocus_u + ctf.defocus_v) / 2.0
     rows = np.stack([getattr(ctf, f.name) for f in fields(ctf)], axis=1)
     # by mean defocus, then by all the parameters (equal CTFs adjacent)
@@ -426,15 +525,29 @@ def cross_ctf_filters(representatives, shape, *, dtype=torch.float64, device="cp
 def wiener_filter(images, ctf, *, snr=1.0):
     """Each image Wiener-filtered by its own CTF: ``IFFT(C F(y) / (C^2 + 1 / snr))``.
 
-    ``snr``: a number (the same at every frequency), or per frequency an array of shape
-    ``(H, W // 2 + 1)`` (``torch.fft.rfft2``'s grid), e.g. :func:`spectral_snr`'s.
+    ``snr``: a number (the same at every frequency; a 0-d array is one), per frequency an
+    array of shape ``(H, W // 2 + 1)`` (``torch.fft.rfft2``'s grid), e.g.
+    :func:`spectral_snr`'s, or ``"auto"``: :func:`spectral_snr` of these images with the
+    noise measured on them. The result is in the images' floating dtype (as
+    :func:`phase_flip`).
     """
-    x, _ = _as_image_tensor(images)
-    reg = _regulariser(snr, x)
-    return _filtered(images, ctf, lambda C: C / (C ** 2 + reg))
+    return _filtered(images, ctf, lambda C, reg: C / (C ** 2 + reg), snr=snr)
+
+
+def _is_auto(snr) -> bool:
+    return isinstance(snr, str) and snr == "auto"
+
+
+def _scalar(snr):
+    """A 0-d NumPy array or tensor as its number; anything else as it is."""
+    if isinstance(snr, (np.ndarray, torch.Tensor)) and snr.ndim == 0 \
+            and snr.dtype not in (np.bool_, torch.bool):
+        return snr.item()
+    return snr
 
 
 def _check_snr(snr):
+    snr = _scalar(snr)
     if isinstance(snr, bool) or not isinstance(snr, numbers.Real):
         raise TypeError(f"snr: expected a positive number, got {snr!r}")
     if not (math.isfinite(snr) and snr > 0):
@@ -442,12 +555,26 @@ def _check_snr(snr):
     return float(snr)
 
 
-def _regulariser(snr, x: torch.Tensor):
-    """``1 / snr`` as a number or a ``(H, W // 2 + 1)`` tensor like ``x`` ``(..., H, W)``."""
+def _regulariser(snr, x: torch.Tensor, ctf=None):
+    """``1 / snr`` as a number or a ``(H, W // 2 + 1)`` tensor like ``x`` ``(..., H, W)``;
+    ``"auto"``: of :func:`spectral_snr` of the images ``x`` ``(n, H, W)`` under ``ctf``."""
+    snr = _scalar(snr)
     if isinstance(snr, numbers.Real) and not isinstance(snr, bool):
         return 1.0 / _check_snr(snr)
+    if _is_auto(snr):
+        return 1.0 / spectral_snr(x, ctf, snr="auto").to(device=x.device, dtype=x.dtype)
+    if isinstance(snr, (str, bytes, bool)) or snr is None:
+        raise TypeError(f"snr: expected 'auto', a positive number or an array of positive "
+                        f"numbers, got {snr!r}")
     h, w = x.shape[-2:]
-    s = torch.as_tensor(np.asarray(snr) if not isinstance(snr, torch.Tensor) else snr)
+    if isinstance(snr, torch.Tensor):
+        s = snr
+    else:
+        arr = as_array(snr, "snr")
+        if arr.dtype.kind not in "biufc":
+            raise TypeError(f"snr: expected 'auto', a positive number or an array of positive "
+                            f"numbers, got dtype {arr.dtype}")
+        s = to_tensor(arr)
     if s.dtype.is_complex or s.dtype == torch.bool:
         raise TypeError(f"snr: expected real numbers, got dtype {s.dtype}")
     if tuple(s.shape) != (h, w // 2 + 1):
@@ -467,13 +594,17 @@ def spectral_snr(images, ctf=None, *, snr="auto"):
     ``var / (1 + snr)`` for a number ``snr`` (the images' overall signal-to-noise ratio,
     signal variance over noise variance; ``var`` their mean pixel variance). The projections'
     power at radius ``r`` is the images' mean power there less the noise's, divided by the
-    mean ``C^2`` there (at least 1e-3), and at least 1e-6 of its largest value. A regulariser
+    mean ``C^2`` there (at least 1e-3), and at least 1e-6 of its largest value. The means on
+    each ring are those of the full Fourier transform: on ``rfft2``'s half grid a coefficient
+    of the columns between ``kx = 0`` and the Nyquist column stands for itself and its
+    conjugate, those columns' for themselves alone. A regulariser
     ``1 / snr`` that is the same at every frequency over-smooths the low frequencies, where a
     projection has most of its power, and lets the noise of the high ones through.
 
     Parameters
     ----------
     images : array-like or torch.Tensor of shape (n, H, W)
+        At least one image.
     ctf : CTF of length n, optional
         None: no CTF (``C = 1``).
     snr : "auto" or float, default="auto"
@@ -481,14 +612,18 @@ def spectral_snr(images, ctf=None, *, snr="auto"):
     Returns
     -------
     snr_k : torch.Tensor of shape (H, W // 2 + 1)
-        On the images' device and dtype (float32 for integer images); infinity where there is
-        no noise.
+        On the images' device and dtype (float32 for integer images, and for float16 and
+        bfloat16 ones: the ratio spans more than their range); infinity where there is no
+        noise.
     """
     if ctf is not None:
         ctf = _check_ctf(ctf)
-    x, _ = _as_image_tensor(images, None if ctf is None else len(ctf))
+    x, _, _ = _as_image_tensor(images, None if ctf is None else len(ctf))
     n, h, w = x.shape
-    if isinstance(snr, str) and snr == "auto":
+    if n == 0:
+        raise ValueError("images: expected at least one image to measure the spectral SNR "
+                         f"on, got shape {tuple(x.shape)}")
+    if _is_auto(snr):
         from .denoise import estimate_noise_std
 
         sigma2 = estimate_noise_std(x[:, None]) ** 2
@@ -497,11 +632,19 @@ def spectral_snr(images, ctf=None, *, snr="auto"):
     ky, kx = _frequencies(h, w, half=True, dtype=x.dtype, device=x.device)
     r = torch.round(torch.sqrt((ky * h) ** 2 + (kx * w) ** 2)).long()  # radius in pixels^-1
     nbin = int(r.max()) + 1
+    # the number of full-grid coefficients each half-grid one stands for: 2 (itself and its
+    # conjugate), 1 in the kx = 0 column and, for even W, the Nyquist column
+    weight = torch.full((w // 2 + 1,), 2.0, dtype=x.dtype, device=x.device)
+    weight[0] = 1.0
+    if w % 2 == 0:
+        weight[-1] = 1.0
+    weight = weight.expand(h, -1).reshape(-1)
+    counts = torch.zeros(nbin, dtype=x.dtype, device=x.device).index_add_(0, r.reshape(-1),
+                                                                          weight)
 
-    def radial(v):  # (H, W//2+1) -> its mean on each ring, put back on the grid
-        sums = torch.zeros(nbin, dtype=v.dtype, device=v.device).index_add_(0, r.reshape(-1),
-                                                                            v.reshape(-1))
-        counts = torch.bincount(r.reshape(-1), minlength=nbin).to(v.dtype)
+    def radial(v):  # (H, W//2+1) -> its mean on each ring of the full grid, put back on it
+        sums = torch.zeros(nbin, dtype=v.dtype, device=v.device).index_add_(
+            0, r.reshape(-1), v.reshape(-1) * weight)
         return (sums / counts.clamp_min(1))[r]
 
     noise = sigma2 * h * w  # white noise's power per coefficient (unnormalised FFT)
@@ -540,14 +683,16 @@ def wiener_average(images, ctf, *, snr=1.0):
         Images of one object, already aligned with one another.
     ctf : CTF of length k
         Each image's CTF (for images warped into alignment: :meth:`CTF.warped`).
-    snr : float or array-like of shape (H, W // 2 + 1), default=1.0
+    snr : float, array-like of shape (H, W // 2 + 1) or "auto", default=1.0
         Signal-to-noise ratio of one image (variance of the signal over that of the noise), or
-        per frequency (:func:`spectral_snr`): the regularisation ``1 / snr`` keeps the
+        per frequency (:func:`spectral_snr`; ``"auto"``: its estimate from these ``k``
+        images, noise measured on them): the regularisation ``1 / snr`` keeps the
         frequencies where every CTF vanishes at zero.
 
     Returns
     -------
     average : ndarray or torch.Tensor of shape (H, W)
+        In the images' floating dtype (as :func:`phase_flip`).
 
     Examples
     --------
@@ -562,11 +707,14 @@ def wiener_average(images, ctf, *, snr=1.0):
     True
     """
     ctf = _check_ctf(ctf)
-    x, is_numpy = _as_image_tensor(images, len(ctf))
-    reg = _regulariser(snr, x)
+    x, is_numpy, dtype = _as_image_tensor(images, len(ctf))
+    if x.shape[0] == 0:
+        raise ValueError(f"images: expected at least one image to average, got shape "
+                         f"{tuple(x.shape)}")
+    reg = _regulariser(snr, x, ctf)
     C = ctf_images(ctf, x.shape[-2:], dtype=x.dtype, device=x.device, half=True)
     out = wiener_combine(x, C, reg)
-    return out.cpu().numpy() if is_numpy else out
+    return _returned(out, is_numpy, dtype)
 
 
 # ----------------------------------------------------------------------------- STAR files

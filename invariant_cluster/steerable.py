@@ -278,6 +278,10 @@ class SteerableWiener(ImageInputMixin, OneToOneFeatureMixin, TransformerMixin, B
         self : object
         """
         self._validate_params()
+        for name in ("noise_std", "radius"):  # (scikit-learn's intervals take True as 1)
+            if isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TypeError(f"{name}: expected a number, got {getattr(self, name)!r} "
+                                f"(a bool)")
         X2 = self._images(X, reset=True)
         n = len(X2)
         Xt = to_tensor(X2)
