@@ -1,6 +1,7 @@
 """The work of ``class-averages`` beyond the clusterer's fit: the one-step averages, and with
-``--star`` the particles' CTF from a RELION STAR file, the CTF-corrected averages and the STAR
-file of the results (kept apart from ``cli.py``, which stays a parser)."""
+``--star`` the particles' CTF from a RELION STAR file or a cryoSPARC ``.cs`` file, the
+CTF-corrected averages and the STAR file of the results (kept apart from ``cli.py``, which
+stays a parser)."""
 
 from __future__ import annotations
 
@@ -23,15 +24,24 @@ RESULT_COLUMNS = ("rlnClassNumber", "rlnAnglePsi", "rlnOriginXAngst", "rlnOrigin
                   "rlnIsFlip")
 
 
+_PIXEL_SIZE = _number(float, 0, strict=True, what="a positive number (ångström)")
+
+
 def add_cryoem_options(parser):
-    """``--star``, ``--snr`` and ``--rotation-center``."""
+    """``--star``, ``--pixel-size``, ``--snr`` and ``--rotation-center``."""
     c = parser.add_argument_group("cryo-EM: the CTF and the rotation centre")
     c.add_argument("--star", metavar="PATH",
-                   help="RELION STAR file of the particles (one row per image of the stack, in "
-                        "its order; needs pip install invariant_cluster[cryoem]): the search "
-                        "on phase-flipped images compared across CTF groups, CTF-corrected "
-                        "averages, and particles.star with each particle's class, angle, shift "
-                        "and mirror")
+                   help="RELION STAR file of the particles, or cryoSPARC's .cs file (one row "
+                        "per image of the stack, in its order; needs pip install "
+                        "invariant_cluster[cryoem]): the search on phase-flipped images "
+                        "compared across CTF groups, CTF-corrected averages, and "
+                        "particles.star with each particle's class, angle, shift and mirror. "
+                        "Rows naming their image N@INPUT (rlnImageName; a .cs file's blob/idx "
+                        "and blob/path) must name images 1, 2, ... in order, and make a .mrc "
+                        "INPUT read as a stack (--stack)")
+    c.add_argument("--pixel-size", type=_PIXEL_SIZE, metavar="A",
+                   help="with --star, the pixel size in ångström instead of the file's "
+                        "(needed where the file has none)")
     c.add_argument("--ctf-groups", type=_positive_int, default=None, metavar="G",
                    help="with --star, the one-step search compares images across at most G "
                         "groups of similar defocus, each pair filtered to the same CTF "
@@ -59,6 +69,8 @@ def one_step_options(args):
     """``(one_step, denoiser)`` from the class-averages options (UsageError when they clash)."""
     if args.denoise_size is not None and args.denoise is None:
         raise UsageError("--denoise-size: only with --denoise")
+    if args.pixel_size is not None and args.star is None:
+        raise UsageError("--pixel-size: only with --star")
     one_step = bool(args.one_step or args.denoise is not None or args.center)
     if args.steerable_filter:
         if not one_step:
@@ -93,6 +105,13 @@ def one_step_averages(args, progress, X, den, ctf=None, rotation_center="geometr
     params = shared_options(vars(args), InvariantKNeighborsTransformer, class_averages,
                             skip=("image_shape", "n_neighbors", "center"))
     k = 10 if args.n_neighbors is None else args.n_neighbors
+    if den is not None and args.denoise_size is not None:
+        h, w = X.shape[-2:]
+        if h != w:
+            raise UsageError(f"--denoise-size: zooms square images out, got {h} x {w} images")
+        if args.denoise_size > h:  # before the search pads them to the centre's frame
+            raise UsageError(f"--denoise-size: expected at most the image size {h}, got "
+                             f"{args.denoise_size}")
     if k >= len(X):
         raise UsageError(f"--n-neighbors: expected at most {len(X) - 1} for {len(X)} images, "
                          f"got {k}")
@@ -133,17 +152,51 @@ def resolve_rotation_center(choice, input_path, star) -> str:
     return "fourier" if (mrc or star is not None) else "geometric"
 
 
-def load_star(path, n_stack, n):
-    """``(ctf, table, optics)`` of the first ``n`` particles of a STAR file that must describe
-    all ``n_stack`` images of the stack (one row each, in its order)."""
-    from .ctf import _blocks, read_star
+def read_particles(path, pixel_size=None):
+    """``(ctf, table, optics)`` of every particle of ``--star``: a cryoSPARC ``.cs`` file by its
+    suffix, else a STAR file."""
+    from .ctf import _blocks, read_cs, read_star
 
     try:
-        ctf, table = read_star(path, n_images=n_stack)
-    except ValueError as exc:
+        if Path(path).suffix.lower() == ".cs":
+            ctf, table = read_cs(path, pixel_size=pixel_size)
+            optics = None
+        else:
+            ctf, table = read_star(path, pixel_size=pixel_size)
+            optics = _blocks(path).get("optics")
+    except (ValueError, TypeError, OSError) as exc:
         raise UsageError(f"--star {exc}") from None
-    optics = _blocks(path).get("optics")
-    return ctf[:n], table.iloc[:n].reset_index(drop=True), optics
+    return ctf, table, optics
+
+
+def named_indices(table, input_path):
+    """The 1-based image numbers of the rows' ``rlnImageName`` (``N@file``) when every row names
+    an image of ``input_path`` (by file name), else None."""
+    if "rlnImageName" not in table:
+        return None
+    name = Path(input_path).name
+    numbers = []
+    for ref in table["rlnImageName"].astype(str):
+        index, at, file = ref.partition("@")
+        if not at or Path(file.strip()).name != name or not index.strip().isdigit():
+            return None
+        numbers.append(int(index))
+    return numbers
+
+
+def check_particles(path, ctf, table, indices, n_stack, n, input_path):
+    """The first ``n`` particles of a file that must describe all ``n_stack`` images of the stack
+    (one row each, in its order): ``(ctf, table)``."""
+    if len(table) != n_stack:
+        raise UsageError(f"--star {path}: has {len(table)} particle rows, expected {n_stack} "
+                         f"(one per image of the stack {input_path})")
+    if indices is not None:
+        wrong = next((i for i, k in enumerate(indices) if k != i + 1), None)
+        if wrong is not None:
+            raise UsageError(f"--star {path}: row {wrong + 1} names image {indices[wrong]} of "
+                             f"{Path(input_path).name}, expected image {wrong + 1} (one row "
+                             "per image of the stack, in its order)")
+    return ctf[:n], table.iloc[:n].reset_index(drop=True)
 
 
 def padded(X, rotation_center):

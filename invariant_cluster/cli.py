@@ -119,6 +119,9 @@ def _add_input_options(p, default_out, *, labels=False):
                    help="H W (or C H W) to fold rows that are not square images")
     p.add_argument("--n-samples", type=_positive_int, metavar="N",
                    help="use only the first N images")
+    p.add_argument("--stack", action="store_true",
+                   help="read an MRC file's sections as images whatever its header says (a "
+                        "stack saved as .mrc with a volume's header)")
     p.add_argument("--out", default=default_out, metavar="DIR",
                    help=f"output folder (default: ./{default_out})")
 
@@ -191,10 +194,29 @@ def _estimator_params(args, **fixed):
 _FIT_FILES = ("labels.csv", "alignments.csv", "centers.npy", "centers.png", "metrics.json")
 
 
-def _load(args, labels=None):
-    from .datasets._files import load_input
+def _read_input(args, labels=None, stack=False):
+    """``load_input`` of the command's input; with ``--stack`` (or ``stack``) an MRC file's
+    sections are read as images whatever its header says."""
+    from .datasets._files import MRC_SUFFIXES, as_images, load_input, load_labels
 
-    X, y, names = load_input(args.input, labels, args.image_shape)
+    path = Path(args.input)
+    stack = stack or getattr(args, "stack", False)
+    if stack and path.suffix.lower() not in MRC_SUFFIXES:
+        raise UsageError(f"--stack: reads an MRC file (.mrc, .mrcs), got {path}")
+    if not stack or path.suffix.lower() == ".mrcs":  # .mrcs is a stack anyway
+        return load_input(path, labels, args.image_shape)
+    from .datasets import load_mrc
+
+    X = as_images(load_mrc(path, as_stack=True), path, args.image_shape)
+    y = None if labels is None else load_labels(labels)
+    if y is not None and len(y) != len(X):
+        raise ValueError(f"labels: expected one label per image ({len(X)}), got {len(y)}")
+    return X, y, None
+
+
+def _load(args, labels=None):
+    with _warnings_as_lines():
+        X, y, names = _read_input(args, labels)
     if args.n_samples is not None:
         X = X[: args.n_samples]
         y = None if y is None else y[: args.n_samples]
@@ -263,11 +285,11 @@ the original images; --center centres each copy on its centre of mass first, for
 picked off-centre. On noisy particles this finds far better neighbours than the pixels (see
 the README's cryo-EM benchmark).
 
-With --star particles.star (RELION's, one row per image): the search runs on phase-flipped
-images, compared across --ctf-groups groups of similar defocus, and the averages are
-CTF-corrected (Wiener, --snr), estimates of the projections without the CTF. Without
---one-step, class_averages.mrcs then holds one average per class (RELION's 2D classes) instead
-of one per image. Rotations and mirrors are about pixel (W//2, H//2) for MRC
+With --star particles.star (RELION's, or cryoSPARC's .cs; one row per image): the search runs
+on phase-flipped images, compared across --ctf-groups groups of similar defocus, and the
+averages are CTF-corrected (Wiener, --snr), estimates of the projections without the CTF.
+Without --one-step, class_averages.mrcs then holds one average per class (RELION's 2D classes)
+instead of one per image. Rotations and mirrors are about pixel (W//2, H//2) for MRC
 stacks and with --star (--rotation-center).
 
 Output (in --out):
@@ -300,27 +322,34 @@ def _cmd_class_averages(args):
     import numpy as np
 
     from .datasets import mrc_voxel_size, save_mrc
-    from .datasets._files import MRC_SUFFIXES, load_input
+    from .datasets._files import MRC_SUFFIXES
     from .datasets._mrc import import_mrcfile
 
     one_step, den = _cli_averages.one_step_options(args)
     progress = StageBar(["load", "fit", "write"], args.quiet)
     ctf = est = None
     try:
-        with progress.stage("loading"):
+        with progress.stage("loading"), _warnings_as_lines():
             import_mrcfile()  # without mrcfile, say so before the fit
-            X, _, names = load_input(args.input, None, args.image_shape)
+            path = Path(args.input)
+            indices = None
+            if args.star is not None:
+                ctf, table, optics = _cli_averages.read_particles(args.star, args.pixel_size)
+                indices = _cli_averages.named_indices(table, path)
+            # rows naming N@INPUT say that INPUT is a stack, whatever its header says
+            X, _, names = _read_input(args, None, stack=indices is not None
+                                      and path.suffix.lower() in MRC_SUFFIXES)
             n_stack = len(X)
             X = X[: args.n_samples]
             names = None if names is None else names[: args.n_samples]
             if X.shape[1] != 1:
                 raise UsageError(f"{args.input}: expected single-channel images for an MRC "
                                  f"stack, got {X.shape[1]} channels")
-            path = Path(args.input)
             voxel = mrc_voxel_size(path) if path.suffix.lower() in MRC_SUFFIXES else None
             centre = _cli_averages.resolve_rotation_center(args.rotation_center, path, args.star)
             if args.star is not None:
-                ctf, table, optics = _cli_averages.load_star(args.star, n_stack, len(X))
+                ctf, table = _cli_averages.check_particles(args.star, ctf, table, indices,
+                                                           n_stack, len(X), path)
         out = _check_out(args.out)
         if one_step:
             averages, seconds, method = _cli_averages.one_step_averages(

@@ -45,8 +45,8 @@ import torch
 from ._utils import as_array, resolve_device, to_tensor
 
 __all__ = ["CTF", "ctf_images", "apply_ctf", "phase_flip", "wiener_filter", "wiener_average",
-           "spectral_snr", "ctf_groups", "cross_ctf_filters", "read_star", "write_star",
-           "star_tables", "electron_wavelength"]
+           "spectral_snr", "ctf_groups", "cross_ctf_filters", "read_star", "read_cs",
+           "write_star", "star_tables", "electron_wavelength"]
 
 _STAR_HINT = "pip install invariant_cluster[cryoem] (or: pip install starfile)"
 # RELION's label of each CTF field (the optics group holds the last four in RELION >= 3.1)
@@ -727,19 +727,38 @@ def _starfile():
     return starfile
 
 
+# RELION's default amplitude contrast, taken where a RELION 3.0 file has no column for it
+RELION_AMPLITUDE_CONTRAST = 0.1
+
+
+def _existing_file(path, what):
+    """``path`` as a Path, a FileNotFoundError or IsADirectoryError naming it otherwise."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: a folder, expected {what}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    return path
+
+
 def _blocks(path):
-    """``{name: DataFrame}`` of a STAR file's loops."""
+    """``{name: DataFrame}`` of a STAR file's data blocks: its loops, and its blocks of
+    key/value pairs (one particle written without ``loop_``) as one-row tables."""
     import pandas as pd
 
     starfile = _starfile()
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
+    path = _existing_file(path, "a STAR file")
     try:
         data = starfile.read(path, always_dict=True)
     except Exception as exc:  # starfile raises many kinds on malformed input
         raise ValueError(f"{path}: cannot read it as a STAR file ({exc})") from None
-    return {k: v for k, v in data.items() if isinstance(v, pd.DataFrame)}
+    blocks = {}
+    for name, block in data.items():
+        if isinstance(block, dict):
+            block = pd.DataFrame({k: [v] for k, v in block.items()})
+        if isinstance(block, pd.DataFrame):
+            blocks[name] = block
+    return blocks
 
 
 def _particles_block(blocks, path):
@@ -753,6 +772,73 @@ def _particles_block(blocks, path):
                      f"blocks {sorted(blocks)}")
 
 
+def _missing(value):
+    """Whether a value of a table read by starfile is missing (a short row leaves NaN in
+    number columns and an empty string in text ones)."""
+    return value is None or (isinstance(value, str) and not value) or (
+        isinstance(value, float) and math.isnan(value))
+
+
+def _check_complete(table, name, path):
+    """A ValueError naming the first row of ``table`` whose last values are missing: the file
+    was cut short or a row lost its last fields (not a silent NaN further on)."""
+    if table.empty or not len(table.columns):
+        return
+    last = table.iloc[:, -1]
+    short = [i for i, v in enumerate(last.tolist()) if _missing(v)]
+    if not short:
+        return
+    i = short[0]
+    row = table.iloc[i].tolist()
+    n = len(row)
+    while n and _missing(row[n - 1]):
+        n -= 1
+    where = "the last row" if i == len(table) - 1 else f"row {i + 1}"
+    raise ValueError(f"{path}: {where} of data_{name} is incomplete, {n} of its "
+                     f"{len(row)} values (is the file truncated?)")
+
+
+def _group_key(series, path, block):
+    """``rlnOpticsGroup`` as comparable keys: whole numbers as ints (``1``, ``1.0`` and the
+    text ``"1"`` are one group), other text as the stripped text (group names)."""
+    def key(v):
+        if isinstance(v, (bool, np.bool_)):
+            return str(v)
+        if isinstance(v, numbers.Real):
+            if not math.isfinite(v):
+                raise ValueError(f"{path}: data_{block}: rlnOpticsGroup holds a missing value")
+            return int(v) if float(v).is_integer() else float(v)
+        text = str(v).strip()
+        try:
+            f = float(text)
+        except ValueError:
+            return text
+        return int(f) if math.isfinite(f) and f.is_integer() else text
+    return series.map(key)
+
+
+def _join_optics(table, optics, path):
+    """The particles' table with the columns of their optics group (RELION >= 3.1)."""
+    key = "rlnOpticsGroup"
+    groups = _group_key(optics[key], path, "optics")
+    dup = sorted({str(g) for g in groups[groups.duplicated()]})
+    if dup:
+        raise ValueError(f"{path}: data_optics lists {key} {', '.join(dup)} more than once "
+                         "(expected each optics group once)")
+    own = _group_key(table[key], path, "particles")
+    unknown = sorted({str(g) for g in own} - {str(g) for g in groups})
+    if unknown:
+        raise ValueError(f"{path}: {key} {unknown} not in the data_optics block (it lists "
+                         f"{sorted(str(g) for g in groups)})")
+    extra = [c for c in optics.columns if c not in table.columns]
+    rows = dict(zip(groups, range(len(groups))))
+    at = [rows[g] for g in own]
+    merged = table.copy()
+    for c in extra:
+        merged[c] = optics[c].to_numpy()[at]
+    return merged
+
+
 def _pixel_size(table, path):
     if "rlnImagePixelSize" in table:
         return table["rlnImagePixelSize"]
@@ -762,19 +848,63 @@ def _pixel_size(table, path):
     return None
 
 
-def read_star(path, *, n_images=None):
+def _check_n_images(n_images):
+    if n_images is None:
+        return None
+    if isinstance(n_images, (bool, np.bool_)) or not isinstance(n_images, numbers.Integral):
+        raise TypeError(f"n_images: expected an int, got {type(n_images).__name__} "
+                        f"{n_images!r}")
+    if n_images < 0:
+        raise ValueError(f"n_images: expected a non-negative int, got {n_images}")
+    return int(n_images)
+
+
+def _check_pixel_size(pixel_size):
+    if pixel_size is None:
+        return None
+    if isinstance(pixel_size, (bool, np.bool_)) or not isinstance(pixel_size, numbers.Real):
+        raise TypeError(f"pixel_size: expected a positive number (ångström), got "
+                        f"{type(pixel_size).__name__} {pixel_size!r}")
+    if not (math.isfinite(pixel_size) and pixel_size > 0):
+        raise ValueError(f"pixel_size: expected a positive number (ångström), got "
+                         f"{pixel_size!r}")
+    return float(pixel_size)
+
+
+def _check_rows(n_rows, n_images, path):
+    if n_images is not None and n_rows != n_images:
+        raise ValueError(f"{path}: has {n_rows} particle rows, expected {n_images} (one per "
+                         "image of the stack)")
+
+
+def _make_ctf(values, path, names):
+    """``CTF(**values)``; its range errors name the file's column (``names[field]``)."""
+    try:
+        return CTF(**values)
+    except ValueError as exc:
+        field, _, rest = str(exc).partition(":")
+        raise ValueError(f"{path}: {names.get(field, field)}: {rest.strip()}") from None
+
+
+def read_star(path, *, n_images=None, pixel_size=None):
     """The CTF of each particle of a RELION STAR file (``_data.star``, ``particles.star``).
 
     Needs the optional package ``starfile`` (``pip install invariant_cluster[cryoem]``).
-    RELION >= 3.1 files (a ``data_optics`` block joined on ``rlnOpticsGroup``) and 3.0 files
-    (every column in the particles' table) are both read.
+    RELION >= 3.1 files (a ``data_optics`` block joined on ``rlnOpticsGroup``), 3.0 files
+    (every column in the particles' table) and a single particle written as key/value pairs
+    (a data block without ``loop_``) are read. A file without ``rlnAmplitudeContrast`` (RELION
+    3.0 leaves it out at its default) gets RELION's 0.1, with a warning.
 
     Parameters
     ----------
     path : str or os.PathLike
     n_images : int, optional
-        The number of images of the stack the file describes: a different number of rows is a
-        ``ValueError``.
+        The number of images of the stack the file describes: a different number of particle
+        rows is a ``ValueError``.
+    pixel_size : float, optional
+        The pixel size in ångström, instead of the file's (``rlnImagePixelSize``, or RELION
+        3.0's ``rlnDetectorPixelSize`` x 1e4 / ``rlnMagnification``). Needed where the file
+        gives none (cryoDRGN's files).
 
     Returns
     -------
@@ -785,45 +915,173 @@ def read_star(path, *, n_images=None):
 
     Raises
     ------
+    FileNotFoundError, IsADirectoryError
+        ``path`` is not a file.
+    TypeError
+        ``n_images`` not an int, ``pixel_size`` not a number.
     ValueError
-        A column missing or holding something else than numbers (the message names the column),
-        rows not matching ``n_images``, or values out of range (negative defocus, non-positive
-        pixel size).
+        A column missing or holding something else than numbers (the message names the column
+        and the file), an incomplete row (a truncated file), a ``data_optics`` block listing an
+        optics group twice or not listing one of the particles', rows not matching
+        ``n_images``, or values out of range (negative defocus, non-positive pixel size).
+
+    Warns
+    -----
+    UserWarning
+        Where the file has no ``rlnAmplitudeContrast`` and RELION's 0.1 is taken.
     """
+    import warnings
+
+    n_images = _check_n_images(n_images)
+    pixel_size = _check_pixel_size(pixel_size)
     blocks = _blocks(path)
     table = _particles_block(blocks, path)
+    name = next(k for k, v in blocks.items() if v is table)
+    _check_complete(table, name or "", path)
     optics = blocks.get("optics")
     merged = table
     if optics is not None and "rlnOpticsGroup" in table and "rlnOpticsGroup" in optics:
-        extra = [c for c in optics.columns if c not in table.columns or c == "rlnOpticsGroup"]
-        merged = table.merge(optics[extra], on="rlnOpticsGroup", how="left")
-        if merged[extra].isna().any().any():
-            bad = sorted(set(table["rlnOpticsGroup"]) - set(optics["rlnOpticsGroup"]))
-            raise ValueError(f"{path}: rlnOpticsGroup {bad} not in the data_optics block")
-    if n_images is not None and len(table) != n_images:
-        raise ValueError(f"star: {path} has {len(table)} particle rows, expected {n_images} "
-                         "(one per image of the stack)")
+        _check_complete(optics, "optics", path)
+        merged = _join_optics(table, optics, path)
+    _check_rows(len(merged), n_images, path)
     values = {}
     for field, column in STAR_COLUMNS.items():
-        col = _pixel_size(merged, path) if field == "pixel_size" else merged.get(column)
+        if field == "pixel_size":
+            col = _pixel_size(merged, path) if pixel_size is None else pixel_size
+            if col is None:
+                raise ValueError(f"{path}: no pixel size (missing column rlnImagePixelSize, "
+                                 "or rlnDetectorPixelSize and rlnMagnification): pass "
+                                 "pixel_size= (--pixel-size on the command line)")
+        else:
+            col = merged.get(column)
+        if col is None and field == "amplitude_contrast":
+            warnings.warn(f"{path}: no column rlnAmplitudeContrast; taking RELION's default "
+                          f"{RELION_AMPLITUDE_CONTRAST}", UserWarning, stacklevel=2)
+            col = RELION_AMPLITUDE_CONTRAST
         if col is None:
             if field in _OPTIONAL:
                 continue
             raise ValueError(f"{path}: missing column {column} ({field.replace('_', ' ')})")
         try:
-            values[field] = np.asarray(col, dtype=np.float64)
+            values[field] = np.broadcast_to(np.asarray(col, dtype=np.float64), (len(merged),))
         except (TypeError, ValueError):
             raise ValueError(f"{path}: column {column} holds values that are not numbers") \
                 from None
         if not np.isfinite(values[field]).all():
             raise ValueError(f"{path}: column {column} holds missing or infinite values")
+    return _make_ctf(values, path, STAR_COLUMNS), table
+
+
+# cryoSPARC's field of each CTF field, and the factor to this package's units
+CS_FIELDS = {
+    "defocus_u": ("ctf/df1_A", 1.0),
+    "defocus_v": ("ctf/df2_A", 1.0),
+    "defocus_angle": ("ctf/df_angle_rad", 180.0 / math.pi),
+    "voltage": ("ctf/accel_kv", 1.0),
+    "spherical_aberration": ("ctf/cs_mm", 1.0),
+    "amplitude_contrast": ("ctf/amp_contrast", 1.0),
+    "pixel_size": ("blob/psize_A", 1.0),
+    "phase_shift": ("ctf/phase_shift_rad", 180.0 / math.pi),
+}
+
+
+def read_cs(path, *, pixel_size=None, n_images=None):
+    """The CTF of each particle of a cryoSPARC ``.cs`` file (a NumPy structured array).
+
+    The fields read are ``ctf/df1_A``, ``ctf/df2_A``, ``ctf/df_angle_rad`` (radians, turned into
+    RELION's degrees), ``ctf/accel_kv``, ``ctf/cs_mm``, ``ctf/amp_contrast``,
+    ``ctf/phase_shift_rad`` (0 where absent) and ``blob/psize_A``; ``blob/idx`` (0-based) and
+    ``blob/path`` name each particle's image. The same particles' RELION STAR file gives the
+    same CTF (:func:`read_star`).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    pixel_size : float, optional
+        The pixel size in ångström, instead of ``blob/psize_A``.
+    n_images : int, optional
+        The number of images of the stack the file describes: a different number of rows is a
+        ``ValueError``.
+
+    Returns
+    -------
+    ctf : CTF
+        One row per particle, in the file's order.
+    table : pandas.DataFrame
+        The particles in RELION's labels (``rlnImageName`` as ``N@path``, 1-based, where the
+        file has ``blob/idx`` and ``blob/path``; the CTF's columns as :data:`STAR_COLUMNS`),
+        which :func:`write_star` writes as a STAR file RELION reads.
+
+    Raises
+    ------
+    FileNotFoundError, IsADirectoryError
+        ``path`` is not a file.
+    TypeError
+        ``n_images`` not an int, ``pixel_size`` not a number.
+    ValueError
+        Not a structured NumPy array, a field missing (the message names the field and the
+        file), rows not matching ``n_images``, or values out of range.
+    """
+    import pandas as pd
+
+    n_images = _check_n_images(n_images)
+    pixel_size = _check_pixel_size(pixel_size)
+    path = _existing_file(path, "a cryoSPARC .cs file")
     try:
-        ctf = CTF(**values)
-    except ValueError as exc:
-        field = str(exc).split(":")[0]
-        raise ValueError(f"{path}: column {STAR_COLUMNS.get(field, field)}: "
-                         f"{str(exc).split(':', 1)[1].strip()}") from None
+        data = np.load(path, allow_pickle=False)
+    except Exception as exc:  # NumPy raises many kinds on a file that is not .npy
+        raise ValueError(f"{path}: cannot read it as a cryoSPARC .cs file (a NumPy structured "
+                         f"array): {' '.join(str(exc).split())}") from None
+    if not isinstance(data, np.ndarray):  # an .npz archive
+        data.close()
+        raise ValueError(f"{path}: expected a cryoSPARC .cs file (a NumPy structured array), "
+                         "got an .npz archive")
+    names = data.dtype.names
+    if not names or data.ndim != 1:
+        raise ValueError(f"{path}: expected a cryoSPARC .cs file (a 1-D NumPy structured "
+                         f"array), got an array of dtype {data.dtype} and shape {data.shape}")
+    _check_rows(len(data), n_images, path)
+    values, columns = {}, {f: name for f, (name, _) in CS_FIELDS.items()}
+    for field, (name, factor) in CS_FIELDS.items():
+        if field == "pixel_size" and pixel_size is not None:
+            values[field] = np.full(len(data), pixel_size)
+            continue
+        if name not in names:
+            if field in _OPTIONAL:
+                continue
+            hint = " (or pass pixel_size=, --pixel-size on the command line)" \
+                if field == "pixel_size" else ""
+            raise ValueError(f"{path}: missing field {name} ({field.replace('_', ' ')}){hint}")
+        col = data[name]
+        if col.ndim != 1 or col.dtype.kind not in "iuf":
+            raise ValueError(f"{path}: field {name}: expected one number per particle, got "
+                             f"dtype {col.dtype} of shape {col.shape}")
+        values[field] = _decimal(col) * factor
+        if not np.isfinite(values[field]).all():
+            raise ValueError(f"{path}: field {name} holds missing or infinite values")
+    ctf = _make_ctf(values, path, columns)
+    table = pd.DataFrame()
+    if "blob/idx" in names and "blob/path" in names:
+        table["rlnImageName"] = [f"{int(i) + 1:06d}@{_cs_text(p)}"
+                                 for i, p in zip(data["blob/idx"], data["blob/path"])]
+    for field, column in STAR_COLUMNS.items():
+        table[column] = getattr(ctf, field)
     return ctf, table
+
+
+def _decimal(col):
+    """float64 values of a field: float32 values as the shortest decimal that is the same
+    float32 (cryoSPARC stores 0.07 as float32; it reads back as 0.07, as a STAR file says)."""
+    if col.dtype != np.float32:
+        return col.astype(np.float64)
+    unique, inverse = np.unique(col, return_inverse=True)
+    return unique.astype(str).astype(np.float64)[inverse.reshape(-1)]
+
+
+def _cs_text(value):
+    """A path of a ``.cs`` file as text (cryoSPARC marks imported files with a leading ``>``)."""
+    text = value.decode() if isinstance(value, bytes) else str(value)
+    return text[1:] if text.startswith(">") else text
 
 
 _OPTICS_FIELDS = ("voltage", "spherical_aberration", "amplitude_contrast", "pixel_size")
@@ -849,10 +1107,25 @@ def star_tables(ctf: CTF):
     return optics, particles
 
 
+def _exact_text(table):
+    """``table`` with its float columns as the shortest text that reads back as the same
+    float64 (``repr``), so that a STAR file keeps every digit (starfile's own format keeps 6
+    decimals); missing values stay missing."""
+    out = table.copy()
+    for c in out.columns:
+        if out[c].dtype.kind == "f":
+            out[c] = [None if math.isnan(v) else repr(float(v)) for v in out[c].tolist()]
+    return out
+
+
 def write_star(path, table, *, optics=None, overwrite=True):
     """Write a particles table (a pandas DataFrame, RELION's labels as columns) as a STAR
     file, through a temporary file in the same folder renamed at the end (nothing is left
     half-written).
+
+    Numbers are written with every digit they have (the shortest text that reads back as the
+    same float64). A symbolic link is written through: its target is replaced and the link
+    kept. An existing file keeps its permissions; a new one is readable by all (``0644``).
 
     Parameters
     ----------
@@ -862,23 +1135,40 @@ def write_star(path, table, *, optics=None, overwrite=True):
     optics : pandas.DataFrame, optional
         Written first as ``data_optics`` (RELION >= 3.1).
     overwrite : bool, default=True
+
+    Raises
+    ------
+    OSError
+        The file cannot be written; the message names ``path`` (the link's target for a link).
     """
+    import stat
+
     import pandas as pd
 
     starfile = _starfile()
-    if not isinstance(table, pd.DataFrame):
-        raise TypeError(f"table: expected a pandas DataFrame, got {type(table).__name__}")
+    for name, t in (("table", table), ("optics", optics)):
+        if t is not None and not isinstance(t, pd.DataFrame):
+            raise TypeError(f"{name}: expected a pandas DataFrame, got {type(t).__name__}")
     path = Path(path)
-    if path.exists() and not overwrite:
+    target = Path(os.path.realpath(path))  # through symbolic links, to the file itself
+    if target.is_dir():
+        raise IsADirectoryError(f"{path}: a folder, expected a STAR file's path")
+    if target.exists() and not overwrite:
         raise FileExistsError(f"{path}: exists (overwrite=False)")
-    blocks = {} if optics is None else {"optics": optics}
-    blocks["particles"] = table
-    fd, tmp = tempfile.mkstemp(suffix=".star", dir=path.parent or ".")
-    os.close(fd)
+    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o644
+    blocks = {} if optics is None else {"optics": _exact_text(optics)}
+    blocks["particles"] = _exact_text(table)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(suffix=".star", prefix=f".{target.name}.",
+                                   dir=target.parent)
+        os.close(fd)
         starfile.write(blocks, tmp, overwrite=True)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the result from others
-        os.replace(tmp, path)
+        os.chmod(tmp, mode)  # mkstemp's 0600 would hide the result from others
+        os.replace(tmp, target)
+    except OSError as exc:
+        reason = exc.strerror or " ".join(str(exc).split()) or type(exc).__name__
+        raise type(exc)(f"{target}: cannot write the STAR file ({reason})") from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)

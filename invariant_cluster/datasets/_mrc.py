@@ -30,10 +30,52 @@ def _known_modes():
         f"{m} ({name})" for m, name in _REAL_MODES.items())
 
 
-def load_mrc(path, *, return_voxel_size=False):
+_HEADER_GAPS = {"Map ID string not found": "no 'MAP ' ID string",
+                "Unrecognised machine stamp": "no machine stamp"}
+
+
+def _header_gap(message):
+    """What a message of ``mrcfile`` says the header lacks, where it is only the ``MAP `` ID
+    string or the machine stamp (older writers leave them out), else None."""
+    return next((gap for start, gap in _HEADER_GAPS.items() if str(message).startswith(start)),
+                None)
+
+
+def _open_mrc(mrcfile, path, read, *, header_only=False):
+    """``read(mrc)`` on the open file: strict first, then, where only the ID string or the
+    machine stamp is missing, permissively, with a warning naming what is missing (the data
+    must still be all there, of a known mode)."""
+    try:
+        # mrcfile warns about odd but readable headers; the checks of the caller are ours
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with mrcfile.open(path, mode="r", permissive=False,
+                              header_only=header_only) as mrc:
+                return read(mrc)
+    except ValueError as exc:
+        if _header_gap(exc) is None:
+            raise
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with mrcfile.open(path, mode="r", permissive=True, header_only=header_only) as mrc:
+            result = read(mrc)
+            complete = header_only or mrc.data is not None
+    messages = [" ".join(str(w.message).split()) for w in caught]
+    if not complete:
+        raise ValueError("; ".join(m for m in messages if _header_gap(m) is None)
+                         or "no data in the file")
+    gaps = [g for g in _HEADER_GAPS.values() if g in map(_header_gap, messages)]
+    warnings.warn(f"{path}: the MRC header has {' and '.join(gaps)} (as older programs write "
+                  "it); read anyway", RuntimeWarning, stacklevel=3)
+    return result
+
+
+def load_mrc(path, *, return_voxel_size=False, as_stack=False):
     """Read an MRC image stack (``.mrcs``, or a ``.mrc`` holding a stack) as float32 images.
 
-    Needs the optional package ``mrcfile`` (``pip install invariant_cluster[mrc]``).
+    Needs the optional package ``mrcfile`` (``pip install invariant_cluster[mrc]``). A header
+    without the ``MAP `` ID string or the machine stamp (not MRC2014-valid, as older programs
+    write it) is read anyway, with a ``RuntimeWarning`` that names what is missing.
 
     Parameters
     ----------
@@ -41,9 +83,14 @@ def load_mrc(path, *, return_voxel_size=False):
         The file. A ``.mrcs`` file is read as a stack of images whatever its header's space
         group says (the suffix is the field's convention for stacks). Any other name must hold
         a stack by the header (space group 0, ``mrcfile``'s ``is_image_stack()``) or a single
-        image; a 3-D volume (``nz > 1`` with a space group other than 0) is refused.
+        image; a 3-D volume (``nz > 1`` with a space group other than 0) is refused unless
+        ``as_stack`` is True.
     return_voxel_size : bool, default=False
         Also return the voxel size from the header.
+    as_stack : bool, default=False
+        Read the sections as images whatever the header's space group says: for stacks saved
+        as ``.mrc`` with a volume's header (EMPIAR depositions; a STAR file naming
+        ``N@file.mrc`` says the file is a stack).
 
     Returns
     -------
@@ -62,9 +109,12 @@ def load_mrc(path, *, return_voxel_size=False):
         If ``mrcfile`` is not installed; the message says how to install it.
     FileNotFoundError
         If ``path`` does not exist.
+    TypeError
+        If ``as_stack`` is not a bool.
     ValueError
         If the file is not an MRC file or is truncated, holds complex or unknown pixel modes,
-        is a 3-D volume, or holds NaN or infinity. The message names the file.
+        is a 3-D volume (without ``as_stack``), or holds NaN or infinity. The message names
+        the file.
 
     Examples
     --------
@@ -80,19 +130,22 @@ def load_mrc(path, *, return_voxel_size=False):
     (3, 16, 16)
     """
     path = _as_path(path, "path")
+    if not isinstance(as_stack, (bool, np.bool_)):
+        raise TypeError(f"as_stack: expected a bool, got {type(as_stack).__name__}")
     mrcfile = import_mrcfile()
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: a folder, expected an MRC file")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
+
+    def read(mrc):
+        mode = int(mrc.header.mode)
+        return (mode, int(mrc.header.nz), int(mrc.header.ispg),
+                tuple(float(v) for v in mrc.voxel_size.item()),
+                None if mode not in _REAL_MODES or mrc.data is None else np.asarray(mrc.data))
+
     try:
-        # mrcfile warns about odd but readable headers; the checks below are ours
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with mrcfile.open(path, mode="r", permissive=False) as mrc:
-                mode = int(mrc.header.mode)
-                nz = int(mrc.header.nz)
-                ispg = int(mrc.header.ispg)
-                voxel = tuple(float(v) for v in mrc.voxel_size.item())
-                data = None if mode not in _REAL_MODES else np.asarray(mrc.data)
+        mode, nz, ispg, voxel, data = _open_mrc(mrcfile, path, read)
     except (ValueError, OSError, EOFError) as exc:
         text = " ".join(str(exc).split())
         if "mode" in text.lower():  # mrcfile refuses modes it does not know
@@ -102,10 +155,11 @@ def load_mrc(path, *, return_voxel_size=False):
         ) from None
     if data is None:
         raise ValueError(f"{path}: unsupported MRC mode {mode}; {_known_modes()}")
-    if nz > 1 and ispg != 0 and path.suffix.lower() != ".mrcs":
+    if nz > 1 and ispg != 0 and path.suffix.lower() != ".mrcs" and not as_stack:
         raise ValueError(
             f"{path}: a 3-D volume of {nz} sections (header space group {ispg}), expected a "
-            "stack of 2-D images (space group 0, or the suffix .mrcs)"
+            "stack of 2-D images (space group 0, or the suffix .mrcs; as_stack=True, or "
+            "--stack on the command line, reads its sections as images)"
         )
     images = data.astype(np.float32).reshape(-1, *data.shape[-2:])
     if not np.isfinite(images).all():
@@ -150,9 +204,7 @@ def save_mrc(path, images, voxel_size=None):
 
 def mrc_voxel_size(path):
     """The header's voxel size ``(x, y, z)`` in ångström of an MRC file, read without the
-    data."""
+    data (a header without the ``MAP `` ID or machine stamp as :func:`load_mrc` reads it)."""
     mrcfile = import_mrcfile()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with mrcfile.open(path, mode="r", header_only=True) as mrc:
-            return tuple(float(v) for v in mrc.voxel_size.item())
+    return _open_mrc(mrcfile, path, lambda mrc: tuple(float(v) for v in mrc.voxel_size.item()),
+                     header_only=True)
