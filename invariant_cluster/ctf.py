@@ -821,15 +821,15 @@ def _join_optics(table, optics, path):
     """The particles' table with the columns of their optics group (RELION >= 3.1)."""
     key = "rlnOpticsGroup"
     groups = _group_key(optics[key], path, "optics")
-    dup = sorted({str(g) for g in groups[groups.duplicated()]})
+    dup = sorted(set(groups[groups.duplicated()]), key=str)
     if dup:
-        raise ValueError(f"{path}: data_optics lists {key} {', '.join(dup)} more than once "
-                         "(expected each optics group once)")
+        raise ValueError(f"{path}: data_optics lists {key} {', '.join(map(str, dup))} more "
+                         "than once (expected each optics group once)")
     own = _group_key(table[key], path, "particles")
-    unknown = sorted({str(g) for g in own} - {str(g) for g in groups})
+    unknown = sorted(set(own) - set(groups), key=str)
     if unknown:
         raise ValueError(f"{path}: {key} {unknown} not in the data_optics block (it lists "
-                         f"{sorted(str(g) for g in groups)})")
+                         f"{list(groups)})")
     extra = [c for c in optics.columns if c not in table.columns]
     rows = dict(zip(groups, range(len(groups))))
     at = [rows[g] for g in own]
@@ -877,13 +877,14 @@ def _check_rows(n_rows, n_images, path):
                          "image of the stack)")
 
 
-def _make_ctf(values, path, names):
-    """``CTF(**values)``; its range errors name the file's column (``names[field]``)."""
+def _make_ctf(values, path, names, kind):
+    """``CTF(**values)``; its range errors name the file's ``kind`` (column, field)
+    ``names[field]``."""
     try:
         return CTF(**values)
     except ValueError as exc:
         field, _, rest = str(exc).partition(":")
-        raise ValueError(f"{path}: {names.get(field, field)}: {rest.strip()}") from None
+        raise ValueError(f"{path}: {kind} {names.get(field, field)}: {rest.strip()}") from None
 
 
 def read_star(path, *, n_images=None, pixel_size=None):
@@ -969,7 +970,7 @@ def read_star(path, *, n_images=None, pixel_size=None):
                 from None
         if not np.isfinite(values[field]).all():
             raise ValueError(f"{path}: column {column} holds missing or infinite values")
-    return _make_ctf(values, path, STAR_COLUMNS), table
+    return _make_ctf(values, path, STAR_COLUMNS, "column"), table
 
 
 # cryoSPARC's field of each CTF field, and the factor to this package's units
@@ -1059,7 +1060,7 @@ def read_cs(path, *, pixel_size=None, n_images=None):
         values[field] = _decimal(col) * factor
         if not np.isfinite(values[field]).all():
             raise ValueError(f"{path}: field {name} holds missing or infinite values")
-    ctf = _make_ctf(values, path, columns)
+    ctf = _make_ctf(values, path, columns, "field")
     table = pd.DataFrame()
     if "blob/idx" in names and "blob/path" in names:
         table["rlnImageName"] = [f"{int(i) + 1:06d}@{_cs_text(p)}"

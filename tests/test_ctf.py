@@ -16,6 +16,7 @@ from invariant_cluster.ctf import (
     ctf_groups,
     ctf_images,
     phase_flip,
+    read_cs,
     read_star,
     spectral_snr,
     star_tables,
@@ -498,8 +499,7 @@ _rlnMagnification #9
         return path
 
     @pytest.mark.parametrize("column", ["rlnDefocusU", "rlnDefocusAngle", "rlnVoltage",
-                                        "rlnSphericalAberration", "rlnAmplitudeContrast",
-                                        "rlnImagePixelSize"])
+                                        "rlnSphericalAberration", "rlnImagePixelSize"])
     def test_missing_column_is_named(self, tmp_path, column):
         def drop(optics, particles):
             for t in (optics, particles):
@@ -528,7 +528,7 @@ _rlnMagnification #9
 
     def test_rows_must_match_the_stack(self, tmp_path):
         path = self.write(tmp_path, lambda o, p: None)
-        with pytest.raises(ValueError, match="star: .* 5 particle rows, expected 7"):
+        with pytest.raises(ValueError, match="bad.star: has 5 particle rows, expected 7"):
             read_star(path, n_images=7)
 
     def test_unknown_optics_group(self, tmp_path):
@@ -556,6 +556,215 @@ _rlnMagnification #9
             write_star(path, particles, optics=optics)
         assert path.read_text() == "old\n"
         assert sorted(os.listdir(tmp_path)) == ["out.star"]
+
+
+    def test_duplicated_optics_group(self, tmp_path):
+        # a group listed twice multiplied its particles: particle i got particle i // 2's CTF
+        def twice(optics, particles):
+            optics.loc[len(optics)] = optics.iloc[1].tolist()
+        path = self.write(tmp_path, twice)
+        with pytest.raises(ValueError, match=r"bad.star: data_optics lists rlnOpticsGroup 2 "
+                                             "more than once"):
+            read_star(path, n_images=5)
+
+    def test_text_optics_group_ids(self, tmp_path):
+        c = self.ctf()
+
+        def names(optics, particles):  # groups named by text on both sides
+            optics["rlnOpticsGroup"] = ["g1", "g2"]
+            particles["rlnOpticsGroup"] = ["g1" if i == 1 else "g2"
+                                           for i in particles["rlnOpticsGroup"]]
+        back, _ = read_star(self.write(tmp_path, names), n_images=5)
+        np.testing.assert_array_equal(back.voltage, c.voltage)
+
+        def mixed(optics, particles):  # "1" in a text column is the particles' group 1
+            optics["rlnOpticsGroup"] = ["1", "other"]
+            particles["rlnOpticsGroup"] = 1
+        back, _ = read_star(self.write(tmp_path, mixed))
+        np.testing.assert_array_equal(back.voltage, [c.voltage[0]] * 5)
+
+        def unknown(optics, particles):
+            particles["rlnOpticsGroup"] = [1, 2, 2, 2, "x"]
+        with pytest.raises(ValueError, match=r"bad.star: rlnOpticsGroup \['x'\] not in the "
+                                             "data_optics block"):
+            read_star(self.write(tmp_path, unknown))
+
+    def test_truncated_last_row(self, tmp_path):
+        path = self.write(tmp_path, lambda o, p: None)
+        text = path.read_text().rstrip()
+        path.write_text(text[:text.rindex("\t")] + "\n")  # the last value cut off
+        with pytest.raises(ValueError, match="bad.star: the last row of data_particles is "
+                                             r"incomplete, 4 of its 5 values \(is the file "
+                                             "truncated"):
+            read_star(path)
+
+    @pytest.mark.parametrize("n, error", [("3", TypeError), (3.0, TypeError),
+                                          (True, TypeError), (-1, ValueError)])
+    def test_n_images_is_checked(self, tmp_path, n, error):
+        path = self.write(tmp_path, lambda o, p: None)
+        with pytest.raises(error, match="n_images: expected"):
+            read_star(path, n_images=n)
+        assert len(read_star(path, n_images=np.int64(5))[0]) == 5
+
+    def test_a_folder(self, tmp_path):
+        with pytest.raises(IsADirectoryError, match=f"{tmp_path}: a folder"):
+            read_star(tmp_path)
+
+    def test_one_particle_as_key_value_pairs(self, tmp_path):
+        path = tmp_path / "one.star"
+        path.write_text("data_particles\n\n_rlnImageName 1@p.mrcs\n_rlnDefocusU 15000.5\n"
+                        "_rlnDefocusV 14000\n_rlnDefocusAngle 12.5\n_rlnVoltage 300\n"
+                        "_rlnSphericalAberration 2.7\n_rlnAmplitudeContrast 0.07\n"
+                        "_rlnImagePixelSize 1.5\n")
+        c, table = read_star(path, n_images=1)
+        assert (c.defocus_u.tolist(), c.defocus_v.tolist(), c.defocus_angle.tolist(),
+                c.amplitude_contrast.tolist(), c.pixel_size.tolist()) == (
+            [15000.5], [14000.0], [12.5], [0.07], [1.5])
+        assert list(table["rlnImageName"]) == ["1@p.mrcs"]
+
+    def test_relion_30_without_amplitude_contrast(self, tmp_path):
+        def drop(optics, particles):
+            del optics["rlnAmplitudeContrast"]
+        with pytest.warns(UserWarning, match="no column rlnAmplitudeContrast; taking "
+                                             "RELION's default 0.1"):
+            c, _ = read_star(self.write(tmp_path, drop))
+        assert c.amplitude_contrast.tolist() == [0.1] * 5
+
+    def test_pixel_size_argument(self, tmp_path):
+        path = self.write(tmp_path, lambda o, p: None)
+        assert read_star(path, pixel_size=2.5)[0].pixel_size.tolist() == [2.5] * 5
+
+        def drop(optics, particles):
+            del optics["rlnImagePixelSize"]
+        none = self.write(tmp_path, drop)
+        with pytest.raises(ValueError, match="bad.star: no pixel size.*pass pixel_size= "
+                                             r"\(--pixel-size"):
+            read_star(none)
+        assert read_star(none, pixel_size=3)[0].pixel_size.tolist() == [3.0] * 5
+        for bad, error in (("1.5", TypeError), (True, TypeError), (0.0, ValueError),
+                           (float("nan"), ValueError)):
+            with pytest.raises(error, match="pixel_size: expected a positive number"):
+                read_star(none, pixel_size=bad)
+
+    def test_full_precision(self, tmp_path):
+        c = CTF([15000.123456789012, 1e-3], voltage=300, pixel_size=1.0000001,
+                phase_shift=[4e-7, 1 / 3], defocus_angle=[1 / 7, -89.99999999])
+        optics, particles = star_tables(c)
+        write_star(tmp_path / "p.star", particles, optics=optics)
+        back, _ = read_star(tmp_path / "p.star")
+        for f in ("defocus_u", "defocus_v", "defocus_angle", "voltage", "pixel_size",
+                  "phase_shift"):
+            assert getattr(back, f).tolist() == getattr(c, f).tolist(), f
+
+    def test_write_through_a_symlink_keeps_it_and_the_mode(self, tmp_path):
+        optics, particles = star_tables(self.ctf())
+        target = tmp_path / "job1" / "particles.star"
+        target.parent.mkdir()
+        target.write_text("old\n")
+        os.chmod(target, 0o600)
+        link = tmp_path / "job2.star"
+        link.symlink_to(target)
+        write_star(link, particles, optics=optics)
+        assert link.is_symlink() and os.readlink(link) == str(target)
+        assert len(read_star(target)[0]) == 5
+        assert oct(os.stat(target).st_mode & 0o777) == oct(0o600)
+        assert sorted(os.listdir(target.parent)) == ["particles.star"]
+
+    def test_failed_write_names_the_target(self, tmp_path, monkeypatch):
+        path = tmp_path / "out.star"
+        optics, particles = star_tables(self.ctf())
+
+        def full(blocks, filename, **kwargs):  # as a real write into the temporary file
+            raise OSError(28, "No space left on device", str(filename))
+
+        monkeypatch.setattr(starfile, "write", full)
+        with pytest.raises(OSError) as info:
+            write_star(path, particles, optics=optics)
+        message = str(info.value)
+        assert message.startswith(f"{path}: cannot write") and "No space left" in message
+        assert ".star." not in message.replace(str(path), "")  # not the temporary file
+        assert os.listdir(tmp_path) == []
+
+
+class TestCryoSparc:
+    def write(self, tmp_path, drop=(), n=4):
+        """A ``.cs`` file (NumPy structured array, cryoSPARC's fields, float32)."""
+        rng = np.random.default_rng(1)
+        fields = [("uid", "<u8"), ("blob/path", "S20"), ("blob/idx", "<u4"),
+                  ("blob/psize_A", "<f4"), ("ctf/accel_kv", "<f4"), ("ctf/cs_mm", "<f4"),
+                  ("ctf/amp_contrast", "<f4"), ("ctf/df1_A", "<f4"), ("ctf/df2_A", "<f4"),
+                  ("ctf/df_angle_rad", "<f4"), ("ctf/phase_shift_rad", "<f4"),
+                  ("ctf/tilt_A", "<f4", (2,))]
+        data = np.zeros(n, [f for f in fields if f[0] not in drop])
+        values = {"blob/path": b">J1/stack.mrc", "blob/idx": np.arange(n),
+                  "blob/psize_A": 1.31, "ctf/accel_kv": 300, "ctf/cs_mm": 2.7,
+                  "ctf/amp_contrast": 0.07, "ctf/df1_A": rng.uniform(1e4, 2e4, n),
+                  "ctf/df2_A": rng.uniform(1e4, 2e4, n),
+                  "ctf/df_angle_rad": rng.uniform(-1.5, 1.5, n),
+                  "ctf/phase_shift_rad": [0.0, math.pi / 2] * (n // 2)}
+        for k, v in values.items():
+            if k not in drop:
+                data[k] = v
+        path = tmp_path / "particles.cs"
+        with open(path, "wb") as fh:
+            np.save(fh, data)
+        return path, data
+
+    def test_fields(self, tmp_path):
+        path, data = self.write(tmp_path)
+        c, table = read_cs(path, n_images=4)
+        f32 = data.dtype["ctf/df1_A"].type
+        np.testing.assert_array_equal(c.defocus_u.astype(f32), data["ctf/df1_A"])
+        np.testing.assert_array_equal(c.defocus_v.astype(f32), data["ctf/df2_A"])
+        np.testing.assert_allclose(c.defocus_angle, np.degrees(data["ctf/df_angle_rad"]
+                                                               .astype(np.float64)), rtol=1e-6)
+        np.testing.assert_allclose(c.phase_shift, [0.0, 90.0, 0.0, 90.0], atol=1e-5)
+        # float32 0.07, 1.31 and 2.7 read back as the decimals a STAR file would hold
+        assert (c.amplitude_contrast.tolist(), c.pixel_size.tolist(),
+                c.spherical_aberration.tolist(), c.voltage.tolist()) == (
+            [0.07] * 4, [1.31] * 4, [2.7] * 4, [300.0] * 4)
+        assert list(table["rlnImageName"]) == [f"{i:06d}@J1/stack.mrc" for i in range(1, 5)]
+        assert read_cs(path, pixel_size=2.0)[0].pixel_size.tolist() == [2.0] * 4
+        # its table is a RELION 3.0 STAR file of the same CTF
+        write_star(tmp_path / "p.star", table)
+        back, _ = read_star(tmp_path / "p.star", n_images=4)
+        for f in ("defocus_u", "defocus_v", "defocus_angle", "voltage", "spherical_aberration",
+                  "amplitude_contrast", "pixel_size", "phase_shift"):
+            assert getattr(back, f).tolist() == getattr(c, f).tolist(), f
+
+    @pytest.mark.parametrize("field", ["ctf/df1_A", "ctf/df2_A", "ctf/df_angle_rad",
+                                       "ctf/accel_kv", "ctf/cs_mm", "ctf/amp_contrast",
+                                       "blob/psize_A"])
+    def test_missing_field_is_named(self, tmp_path, field):
+        path, _ = self.write(tmp_path, drop=(field,))
+        with pytest.raises(ValueError, match=f"particles.cs: missing field {field}"):
+            read_cs(path)
+        if field == "blob/psize_A":
+            assert read_cs(path, pixel_size=1.5)[0].pixel_size.tolist() == [1.5] * 4
+
+    def test_optional_fields(self, tmp_path):
+        path, _ = self.write(tmp_path, drop=("ctf/phase_shift_rad", "blob/idx"))
+        c, table = read_cs(path)
+        assert c.phase_shift.tolist() == [0.0] * 4 and "rlnImageName" not in table
+
+    def test_bad_files(self, tmp_path):
+        path, _ = self.write(tmp_path)
+        with pytest.raises(ValueError, match="particles.cs: has 4 particle rows, expected 5"):
+            read_cs(path, n_images=5)
+        with pytest.raises(TypeError, match="n_images"):
+            read_cs(path, n_images="4")
+        plain = tmp_path / "plain.cs"
+        with open(plain, "wb") as fh:
+            np.save(fh, np.zeros((3, 2)))
+        with pytest.raises(ValueError, match="plain.cs: expected a cryoSPARC .cs file"):
+            read_cs(plain)
+        (tmp_path / "text.cs").write_text("hello")
+        with pytest.raises(ValueError, match="text.cs: cannot read it as a cryoSPARC"):
+            read_cs(tmp_path / "text.cs")
+        with pytest.raises(FileNotFoundError, match="missing.cs"):
+            read_cs(tmp_path / "missing.cs")
+        with pytest.raises(IsADirectoryError, match="a folder"):
+            read_cs(tmp_path)
 
 
 # ----------------------------------------------------------------------------- rotation centre

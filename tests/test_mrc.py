@@ -100,6 +100,45 @@ class TestLoadMrc:
         with pytest.raises(ValueError, match="nan.mrcs: contains NaN"):
             load_mrc(path)
 
+    @pytest.mark.parametrize("blank, missing", [
+        ((208, 216), "no 'MAP ' ID string and no machine stamp"),
+        ((208, 212), "no 'MAP ' ID string"),
+        ((212, 216), "no machine stamp"),
+    ])
+    def test_header_without_id_or_stamp(self, tmp_path, blank, missing):
+        # as older programs write it (RELION and cryoDRGN read it): read, with a warning
+        from invariant_cluster.datasets import mrc_voxel_size
+
+        data = random_images((5, 6, 8), seed=4).astype(np.float32)
+        raw = bytearray(write(tmp_path / "s.mrcs", data, voxel_size=2.0).read_bytes())
+        raw[blank[0]:blank[1]] = bytes(blank[1] - blank[0])
+        path = tmp_path / "old.mrcs"
+        path.write_bytes(bytes(raw))
+        with pytest.warns(RuntimeWarning, match=f"old.mrcs: the MRC header has {missing} "):
+            images = load_mrc(path)
+        np.testing.assert_array_equal(images, data)
+        with pytest.warns(RuntimeWarning, match=missing):
+            assert mrc_voxel_size(path) == pytest.approx((2.0, 2.0, 2.0))
+        # a short or unknown-mode file without the ID is still refused
+        path.write_bytes(bytes(raw[:-10]))
+        with pytest.raises(ValueError, match="old.mrcs: cannot read it.*truncated"):
+            load_mrc(path)
+        raw[12:16] = np.int32(7).tobytes()
+        path.write_bytes(bytes(raw))
+        with pytest.raises(ValueError, match="old.mrcs: unsupported MRC mode"):
+            load_mrc(path)
+
+    def test_as_stack(self, tmp_path):
+        data = random_images((4, 6, 6), seed=2).astype(np.float32)
+        path = write(tmp_path / "stack.mrc", data, kind="volume")
+        with pytest.raises(ValueError, match="volume of 4 sections.*as_stack=True"):
+            load_mrc(path)
+        np.testing.assert_array_equal(load_mrc(path, as_stack=True), data)
+        with pytest.raises(TypeError, match="as_stack: expected a bool"):
+            load_mrc(path, as_stack="yes")
+        with pytest.raises(IsADirectoryError, match="a folder"):
+            load_mrc(tmp_path)
+
     def test_without_mrcfile(self, tmp_path, capsys, monkeypatch):
         path = write(tmp_path / "s.mrcs", np.ones((3, 4, 4), np.float32))
         monkeypatch.setitem(sys.modules, "mrcfile", None)  # "import mrcfile" fails
@@ -287,14 +326,21 @@ class TestOneStepClassAverages:
         (["--one-step", "--n-clusters", "2"], "--n-clusters"),
         (["--center", "--max-iter", "3"], "--max-iter"),
         (["--one-step", "--n-neighbors", "12"], "--n-neighbors"),
-        (["--denoise", "4", "--denoise-size", "40"], "output_size"),
+        (["--denoise", "4", "--denoise-size", "40"], "--denoise-size"),
+        # the user's box (16), not the frame the Fourier centre pads it to (17)
+        (["--denoise", "4", "--denoise-size", "17"], "the image size 16, got 17"),
+        (["--pixel-size", "1.5"], "--pixel-size: only with --star"),
+        (["--stack", "--one-step", "--n-neighbors", "3"], None),
         (["--denoise", "most"], "--denoise"),
     ])
     def test_errors(self, tmp_path, capsys, particles, args, fragment):
         _, _, path = particles
         proc = call(capsys, "class-averages", path, *args, "--device", "cpu",
                     "--out", tmp_path / "e")
-        assert_usage_error(proc, fragment)
+        if fragment is None:  # accepted
+            assert proc.returncode == 0, proc.stderr
+        else:
+            assert_usage_error(proc, fragment)
 
 
 @pytest.mark.parametrize("suffix", [".bin", ".dat", ""])
@@ -309,3 +355,23 @@ def test_mrc_under_another_suffix_is_read_as_mrc(tmp_path, capsys, suffix):
     np.testing.assert_array_equal(np.asarray(X).reshape(data.shape), data)
     proc = call(capsys, "fit", other, "--out", tmp_path / "out", "--n-rotations", 4)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_stack_option(tmp_path, capsys):
+    """--stack reads a .mrc whose header says volume as a stack of images."""
+    data = random_images((6, 10, 10), seed=5).astype(np.float32)
+    path = write(tmp_path / "stack.mrc", data, kind="volume")
+    labels = tmp_path / "y.txt"
+    labels.write_text("\n".join("0" * 6))
+    assert_usage_error(call(capsys, "fit", path, "--out", tmp_path / "o"), "volume of 6",
+                       "--stack")
+    for command, extra in (("fit", ["--labels", labels]), ("neighbors", []),
+                           ("class-averages", ["--one-step", "--n-neighbors", 2])):
+        proc = call(capsys, command, path, "--stack", "--n-rotations", 4, *extra,
+                    "--device", "cpu", "--out", tmp_path / command)
+        assert proc.returncode == 0, proc.stderr
+    assert_usage_error(call(capsys, "fit", tmp_path / "y.txt", "--stack", "--out",
+                            tmp_path / "o"), "--stack: reads an MRC file")
+    labels.write_text("0\n1\n")
+    assert_usage_error(call(capsys, "fit", path, "--stack", "--labels", labels, "--out",
+                            tmp_path / "o"), "expected one label per image (6), got 2")
