@@ -918,13 +918,84 @@ class TestCommandLine:
         out = tmp / "o"
         assert_usage_error(call(capsys, "class-averages", tmp / "particles.mrcs", "--star",
                                 tmp / "short.star", "--one-step", "--out", out),
-                           "--star", "5 particle rows, expected 12")
+                           f"--star {tmp / 'short.star'}: has 5 particle rows, expected 12")
         del optics["rlnVoltage"]
         write_star(tmp / "novolt.star", star_tables(ctf)[1], optics=optics)
         assert_usage_error(call(capsys, "class-averages", tmp / "particles.mrcs", "--star",
                                 tmp / "novolt.star", "--one-step", "--out", out),
                            "missing column rlnVoltage")
         assert not (out / "class_averages.mrcs").exists()
+
+
+    def test_star_naming_the_stack(self, stack, capsys):
+        """Rows naming ``N@particles.mrc`` read a .mrc with a volume's header as a stack, and
+        must name the images in the stack's order; a .cs file works as a STAR file does."""
+        import mrcfile
+        from _cli import assert_usage_error, call
+
+        tmp, _, y, ctf = stack
+        with mrcfile.new(tmp / "particles.mrc") as mrc:
+            mrc.set_data(y)
+            mrc.set_volume()
+        optics, particles = star_tables(ctf)
+        names = [f"{i + 1:06d}@Extract/job1/particles.mrc" for i in range(len(y))]
+        particles.insert(0, "rlnImageName", names)
+        write_star(tmp / "vol.star", particles, optics=optics)
+        args = ("--one-step", "--n-neighbors", 3, "--n-rotations", 4, "--no-refine", "--snr",
+                1e6, "--device", "cpu")
+        ref = None
+        for star in ("particles.star", "vol.star"):
+            proc = call(capsys, "class-averages", tmp / "particles.mrcs", "--star", tmp / star,
+                        *args, "--out", tmp / "ref")
+            assert proc.returncode == 0, proc.stderr
+        with mrcfile.open(tmp / "ref" / "class_averages.mrcs") as mrc:
+            ref = np.array(mrc.data)
+        proc = call(capsys, "class-averages", tmp / "particles.mrc", "--star", tmp / "vol.star",
+                    *args, "--out", tmp / "vol")
+        assert proc.returncode == 0, proc.stderr
+        with mrcfile.open(tmp / "vol" / "class_averages.mrcs") as mrc:
+            np.testing.assert_array_equal(np.array(mrc.data), ref)
+        # a cryoSPARC .cs file of the same particles (blob/idx 0-based, blob/path)
+        cs = np.zeros(len(y), [("blob/path", "S40"), ("blob/idx", "<u4"),
+                               ("blob/psize_A", "<f8"), ("ctf/accel_kv", "<f8"),
+                               ("ctf/cs_mm", "<f8"), ("ctf/amp_contrast", "<f8"),
+                               ("ctf/df1_A", "<f8"), ("ctf/df2_A", "<f8"),
+                               ("ctf/df_angle_rad", "<f8")])
+        cs["blob/path"], cs["blob/idx"] = b"J2/particles.mrc", np.arange(len(y))
+        for name, value in (("blob/psize_A", ctf.pixel_size), ("ctf/accel_kv", ctf.voltage),
+                            ("ctf/cs_mm", ctf.spherical_aberration),
+                            ("ctf/amp_contrast", ctf.amplitude_contrast),
+                            ("ctf/df1_A", ctf.defocus_u), ("ctf/df2_A", ctf.defocus_v),
+                            ("ctf/df_angle_rad", np.radians(ctf.defocus_angle))):
+            cs[name] = value
+        with open(tmp / "particles.cs", "wb") as fh:
+            np.save(fh, cs)
+        proc = call(capsys, "class-averages", tmp / "particles.mrc", "--star",
+                    tmp / "particles.cs", *args, "--out", tmp / "cs")
+        assert proc.returncode == 0, proc.stderr
+        with mrcfile.open(tmp / "cs" / "class_averages.mrcs") as mrc:
+            np.testing.assert_allclose(np.array(mrc.data), ref, atol=1e-5)
+        table = starfile.read(tmp / "cs" / "particles.star", always_dict=True)["particles"]
+        assert list(table["rlnImageName"])[:2] == ["000001@J2/particles.mrc",
+                                                   "000002@J2/particles.mrc"]
+        # rows out of the stack's order: refused, not a silent wrong CTF
+        particles["rlnImageName"] = [names[1], names[0], *names[2:]]
+        write_star(tmp / "swapped.star", particles, optics=optics)
+        assert_usage_error(call(capsys, "class-averages", tmp / "particles.mrc", "--star",
+                                tmp / "swapped.star", *args, "--out", tmp / "x"),
+                           "swapped.star: row 1 names image 2 of particles.mrc, expected "
+                           "image 1")
+        # --pixel-size replaces the file's
+        proc = call(capsys, "class-averages", tmp / "particles.mrc", "--star",
+                    tmp / "particles.cs", "--pixel-size", 2.5, *args, "--out", tmp / "px")
+        assert proc.returncode == 0, proc.stderr
+        table = starfile.read(tmp / "px" / "particles.star", always_dict=True)["particles"]
+        assert set(table["rlnImagePixelSize"]) == {2.5}
+        assert_usage_error(call(capsys, "class-averages", tmp / "particles.mrc", "--star",
+                                tmp / "particles.cs", "--pixel-size", 0, *args, "--out",
+                                tmp / "x"), "--pixel-size")
+        assert_usage_error(call(capsys, "class-averages", tmp / "particles.mrc", "--star",
+                                tmp, *args, "--out", tmp / "x"), f"--star {tmp}: a folder")
 
 
 def relion_apply_transformation(img, psi, xoff, yoff, flip=0):
