@@ -35,7 +35,7 @@ _HEADER_GAPS = {"Map ID string not found": "no 'MAP ' ID string",
 
 
 def _header_gap(message):
-    """What a message of ``mrcfile`` says the header lacks, where it is only the ``MAP `` ID
+    """What a message of ``mrcfile`` says the header lacks, where it is only the ``"MAP "`` ID
     string or the machine stamp (older writers leave them out), else None."""
     return next((gap for start, gap in _HEADER_GAPS.items() if str(message).startswith(start)),
                 None)
@@ -74,7 +74,7 @@ def load_mrc(path, *, return_voxel_size=False, as_stack=False):
     """Read an MRC image stack (``.mrcs``, or a ``.mrc`` holding a stack) as float32 images.
 
     Needs the optional package ``mrcfile`` (``pip install invariant_cluster[mrc]``). A header
-    without the ``MAP `` ID string or the machine stamp (not MRC2014-valid, as older programs
+    without the ``"MAP "`` ID string or the machine stamp (not MRC2014-valid, as older programs
     write it) is read anyway, with a ``RuntimeWarning`` that names what is missing.
 
     Parameters
@@ -204,7 +204,7 @@ def save_mrc(path, images, voxel_size=None):
 
 def mrc_voxel_size(path):
     """The header's voxel size ``(x, y, z)`` in ångström of an MRC file, read without the
-    data (a header without the ``MAP `` ID or machine stamp as :func:`load_mrc` reads it)."""
+    data (a header without the ``"MAP "`` ID or machine stamp as :func:`load_mrc` reads it)."""
     mrcfile = import_mrcfile()
     return _open_mrc(mrcfile, path, lambda mrc: tuple(float(v) for v in mrc.voxel_size.item()),
                      header_only=True)
