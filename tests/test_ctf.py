@@ -647,7 +647,7 @@ _rlnMagnification #9
                 read_star(none, pixel_size=bad)
 
     def test_full_precision(self, tmp_path):
-        c = CTF([15000.123456789012, 1e-3], voltage=300, pixel_size=1.0000001,
+        c = CTF([15000.123456789012, 12345.678901234567], voltage=300, pixel_size=1.0000001,
                 phase_shift=[4e-7, 1 / 3], defocus_angle=[1 / 7, -89.99999999])
         optics, particles = star_tables(c)
         write_star(tmp_path / "p.star", particles, optics=optics)
