@@ -23,9 +23,7 @@ from scipy.sparse.csgraph import connected_components
 
 # Two images are near duplicates when their invariant distance is at most this fraction of the
 # median distance from a sample to its k-th nearest neighbour (k = n_neighbors), a scale that
-# duplicates do not shrink: Gaussian jitter of 1e-4 per pixel puts a copy at about 1e-3 of that
-# scale on 8 x 8 and 28 x 28 digits, and the nearest distinct copy of a shape at arbitrary
-# angles lies beyond 0.1 of it.
+# duplicates do not shrink (measured: docs/design/defaults.rst).
 DUPLICATE_TOL = 1e-2
 
 

@@ -20,14 +20,12 @@ from sklearn.utils.validation import validate_data
 from ._utils import check_magnitude, flatten_images, resolve_image_shape
 from .search import GROUPS, make_search_grid
 from .search.descriptors import border_density, centred_images
+from .transforms import ROTATION_CENTERS, centre_padding, pad_for_centre
 
 # center="auto" centres the images when shifts are searched and the mean image's band of
 # ceil(max_translation) pixels along the frame is at most this fraction as bright as the whole
-# frame: the content then stays inside the frame, and its centre of mass moves with it.
-# Measured (``docs/parameters.rst``): MNIST test digits 0.008, rotated within +-45 degrees
-# and shifted within +-2 px 0.028, copies of MNIST digits shifted within +-2 px at any angle
-# 0.004-0.049 (noise of std 0.1 included); Fashion-MNIST 0.17 (1-px band) to 0.31 (2 px),
-# scikit-learn's 8 x 8 digits 0.55.
+# frame: the content then stays inside the frame, and its centre of mass moves with it
+# (measured ratios: docs/design/defaults.rst).
 EMPTY_BORDER = 0.1
 
 
@@ -51,6 +49,8 @@ SEARCH_CONSTRAINTS = {
     "reflection": ["boolean"],
 }
 # the estimators whose search the user steers (exact or shortlist, blocks, Dask, refinement)
+# the estimators whose rotations may turn about the pixel (W // 2, H // 2) of particle stacks
+ROTATION_CENTER_CONSTRAINTS = {"rotation_center": [StrOptions(set(ROTATION_CENTERS))]}
 ENGINE_CONSTRAINTS = {
     "refine": ["boolean"],
     "neighbor_search": [StrOptions({"auto", "exact", "shortlist"})],
@@ -103,18 +103,50 @@ class SE2SearchMixin(ImageInputMixin):
                                 self.max_translation, bool(refine), self.reflection,
                                 image_shape=getattr(self, "image_shape_", None))
 
+    def _rotation_center(self) -> str:
+        """The estimator's ``rotation_center`` ("geometric" for one without the parameter)."""
+        return getattr(self, "rotation_center", "geometric")
+
+    def _frame_shape(self) -> tuple:
+        """``(C, H, W)`` of the images the search works on: ``image_shape_`` with the zero row
+        and column that ``rotation_center="fourier"`` appends to an even side
+        (:func:`~invariant_cluster.transforms.centre_padding`), whose geometric centre is then
+        the pixel ``(W // 2, H // 2)``."""
+        c, h, w = self.image_shape_
+        ph, pw = centre_padding(h, w, self._rotation_center())
+        return c, h + ph, w + pw
+
+    def _framed(self, Xt: torch.Tensor) -> torch.Tensor:
+        """Images ``(n, C, H, W)`` in the search's frame (:meth:`_frame_shape`): ``Xt`` itself
+        for the geometric centre."""
+        return pad_for_centre(Xt, self._rotation_center())
+
+    def _unframed(self, Xt: torch.Tensor) -> torch.Tensor:
+        """Images of the search's frame cropped back to ``image_shape_``."""
+        h, w = self.image_shape_[-2:]
+        return Xt if tuple(Xt.shape[-2:]) == (h, w) else Xt[..., :h, :w]
+
     def _centred(self, X2, reset=False):
         """``(X2, offsets)``: the validated rows centred on their centres of mass where the
         estimator centres (``center=True``, or "auto" on images whose frame is empty where
         the searched shifts move them; decided at fit, ``reset=True``, into ``center_``),
-        with the offsets ``(n, 2)`` of those centres from the image centre, else
+        with the offsets ``(n, 2)`` of those centres from the rotation centre, else
         ``(X2, None)``."""
         if reset:
             self.center_ = self._centres_images(X2)
         if not self.center_:
             return X2, None
-        out, offsets = centred_images(X2, tuple(self.image_shape_))
-        return out.astype(X2.dtype, copy=False), offsets
+        shape, frame = tuple(self.image_shape_), self._frame_shape()
+        if frame == shape:
+            out, offsets = centred_images(X2, shape)
+            return out.astype(X2.dtype, copy=False), offsets
+        # centred in the search's frame, whose geometric centre is the rotation centre, and
+        # cropped back (the appended zeros move no mass)
+        Z = X2.reshape(-1, *shape)
+        Z = np.pad(Z, ((0, 0), (0, 0), (0, frame[1] - shape[1]), (0, frame[2] - shape[2])))
+        out, offsets = centred_images(Z.reshape(len(Z), -1), frame)
+        out = out.reshape(-1, *frame)[..., :shape[1], :shape[2]].reshape(len(Z), -1)
+        return np.ascontiguousarray(out, dtype=X2.dtype), offsets
 
     def _centres_images(self, X2) -> bool:
         """Whether the fit centres ``X2`` (:func:`centres_images` of the parameters)."""

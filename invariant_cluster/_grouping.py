@@ -263,12 +263,8 @@ _MIN_PART_FRACTION = 0.02
 
 # Leiden runs (seeds drawn from random_state, _run_seeds) of which the typical one of highest
 # quality is taken (_best_partition), at resolution 1 for n_clusters=None and at each
-# resolution the count-given search runs on the whole graph. One run's partition depends on
-# its seed and on the order of the nodes, which a 1e-4 jitter of the images moves (their
-# content sets it): on 2,000 rotated MNIST digits, three such jitters gave ARI 0.90-0.98
-# against the unjittered fit with one run (n_clusters=10), 0.985-0.996 with the best of ten by
-# quality alone, and 1.0, 0.989 and 0.986 with the typical best of ten (count_jitter.json;
-# the user guide's convergence page).
+# resolution the count-given search runs on the whole graph: one run's partition depends on
+# its seed and on the order of the nodes (measured: docs/design/defaults.rst).
 COUNT_RUNS = 10
 
 
@@ -621,12 +617,9 @@ def group_components(parts, nodes, index_c, dist_c, n_clusters, random_state):
     return np.asarray(labels, dtype=np.int64)[parts]
 
 
-# Nodes up to which the spectral embedding uses ARPACK (scikit-learn's default); beyond, LOBPCG.
-# ARPACK runs in shift-invert mode, whose sparse LU factorisation of the Laplacian fills in:
-# on the fuzzy 15-NN graph of 3-D Gaussian blobs it took 1.2, 9.6 and 157 s and raised the peak
-# by 0.09, 0.61 and 5.1 GB at 10,000, 30,000 and 100,000 nodes, against 1.1, 2.6 and 5.6 s and
-# 0.01, 0.03 and 0.09 GB for LOBPCG (the same k-means ARI within 0.03); at a million images
-# the LU ran out of the 23 GB of a 2-core machine.
+# Nodes up to which the spectral embedding uses ARPACK (scikit-learn's default); beyond, LOBPCG:
+# ARPACK's shift-invert LU factorisation of the Laplacian fills in (measured:
+# docs/design/defaults.rst).
 SPECTRAL_ARPACK_MAX_NODES = 10_000
 
 
@@ -708,15 +701,10 @@ def _refines(fine: np.ndarray, coarse: np.ndarray) -> bool:
 # first.
 SEPARATED_MIN_GAP = 1.25
 # The converged means' graph needs a wider gap: the iteration contracts natural classes'
-# neighbourhoods too (8 x 8 digits at +-45 degrees: largest ratio 1.26 on the means, at most
-# 1.15 on the samples), while the noisy copy sets the means decide show 1.7 or more (most
-# are not connected at all).
+# neighbourhoods too (measured: docs/design/count.rst).
 SEPARATED_MEANS_MIN_GAP = 1.5
 # ... and counts only where the measured noise is a material part of the images: noise_std_
-# at least this fraction of the images' standard deviation. Noise of std 0.1 on digits:
-# 0.33-0.49; 8 x 8 digits' own interpolation artefacts: 0.21-0.33; clean 28 x 28 copies of
-# smooth shapes: 0.023-0.029, and clean MNIST copies jittered by 1e-4: 0.0004, whose means
-# split a shape into several modes (3 shapes x 40 copies: 4 or 5 clusters).
+# at least this fraction of the images' standard deviation (measured: docs/design/count.rst).
 NOISY_FRACTION = 0.1
 SEPARATED_MIN_SIZE = 3
 SEPARATED_MAX_OUTLIERS = 0.1
@@ -1025,16 +1013,12 @@ def finest_separated(index, dist, min_gap: float = SEPARATED_MIN_GAP, refined=No
     return labels, separation
 
 
-# Where the kNN distances are dominated by noise, each sample's nearest and second-nearest
-# neighbours are nearly equally far (noise of std 0.1 on copy sets: median ratio of the two
-# refined distances 0.83-1.00, 0.93-0.99 with 12 or more copies a shape; clean 8 x 8 copies,
-# whose interpolation artefacts the filter measures as material noise, 0.48-0.80 in groups of
-# 12 or more copies, where copies at nearby angles are near each other: bench_count.py's 1,050
-# sets of seeds 0-6). There a group has no separated sub-groups of its own, and the finest
-# partition whose groups are each separated by their own gap on the refined distances is the
-# shapes (:func:`noise_dominated_groups`); and only there do the converged means count
-# (:func:`count_groups`): elsewhere the samples' graph shows the groups, and the means, which
-# the iteration leaves in several modes per shape, would split them.
+# The median ratio of each sample's nearest to second-nearest refined kNN distance from which
+# the distances are dominated by noise. There a group has no separated sub-groups of its own,
+# and the finest partition whose groups are each separated by their own gap on the refined
+# distances is the shapes (:func:`noise_dominated_groups`); and only there do the converged
+# means count (:func:`count_groups`), which elsewhere would split a shape into its modes
+# (measured: docs/design/count.rst).
 NOISE_DOMINATED_MIN_RATIO = 0.85
 
 
@@ -1209,9 +1193,8 @@ def noise_dominated_groups(index: np.ndarray, refined: np.ndarray,
 # clusters").
 EIGENGAP_EIGENVALUES = 40
 EIGENGAP_MAX_EXTRA = 3
-# ... and only where that gap is a gap: the normalised Laplacian's eigenvalues lie in [0, 2];
-# where the eigengap decided a copy set the gap was 0.28 or more, while natural classes'
-# spectra rise evenly (8 x 8 digits at +-45 degrees: largest gap 0.02-0.04)
+# ... and only where that gap is a gap (the normalised Laplacian's eigenvalues lie in [0, 2];
+# measured: docs/design/count.rst)
 EIGENGAP_MIN_GAP = 0.1
 # up to this many nodes the eigenvalues come from a dense symmetric solver (deterministic);
 # above it, from ARPACK on the sparse graph with a fixed start vector

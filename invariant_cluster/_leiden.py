@@ -77,21 +77,17 @@ def _igraph_graph(graph):
 # least this many edges and more than one CPU thread is allowed (torch's count, which the
 # estimators' n_jobs sets): igraph holds the GIL, so threads would run them one at a time. A
 # worker rebuilds the graph from its edges and runs its share of the seeds; the runs, and so
-# the labels, are those of the serial loop. A run costs about 0.7 us an edge on one core of a
-# 2-core machine, and starting two workers about 1.9 s there (10 runs on 110,000 edges: 0.92 s
-# in one process, 2.6 s with the workers' start, 0.68 s with them started), so the runs start
-# workers of their own from 400,000 edges; where the workers were started while the search ran
-# on a card (:func:`leiden_workers`), from 100,000.
+# the labels, are those of the serial loop. Where the workers were started while the search
+# ran on a card (:func:`leiden_workers`), from STARTED_RUNS_MIN_EDGES (the costs behind both:
+# docs/design/defaults.rst).
 PARALLEL_RUNS_MIN_EDGES = 400_000
 STARTED_RUNS_MIN_EDGES = 100_000
 
 _MIN_EDGES = contextvars.ContextVar("invariant_cluster_leiden_min_edges", default=None)
 
-# A worker's resident memory, measured: about 80 MB once it has imported NumPy, joblib and
-# igraph, and 270 MB a worker while its runs went on the 854,000 edges of the 70,000
-# Fashion-MNIST images (230 bytes an edge; 1,050,000 images, 2 workers: 3.2 GB together). The
-# workers are a speed-up the runs can do without: together they take at most a quarter of the
-# memory available, else fewer of them run (none: the runs stay in the calling process).
+# A worker's resident memory: a base and a share per edge (measured: docs/design/defaults.rst).
+# The workers are a speed-up the runs can do without: together they take at most a quarter of
+# the memory available, else fewer of them run (none: the runs stay in the calling process).
 WORKER_BASE_BYTES = 100 * 2 ** 20
 WORKER_BYTES_PER_EDGE = 250
 WORKER_MEMORY_FRACTION = 0.25

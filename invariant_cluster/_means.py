@@ -152,11 +152,8 @@ def invariant_mean(X, weights=None, *, group="se2", max_rotation=180.0, n_rotati
 
 
 # Pairs per batch of the centres' refinement, per kind of device (None: as many as the memory
-# budget allows, one batch of every sample on a card). On 2 CPU cores the Levenberg-Marquardt
-# steps gather and warp the pairs still moving, and batches that stay in the cache are faster:
-# the refinement of 10,000 rotated MNIST digits' centres (24 angles) took 0.78 s in batches of
-# 2,048 pairs, 0.94 s of 1,024, 0.85 s of 4,096 and 1.26 s in one batch (0.81 s as one batch
-# per cluster); one cProfile run each.
+# budget allows, one batch of every sample on a card): on a CPU, batches that stay in the cache
+# are faster (measured: docs/design/defaults.rst).
 _REFINE_PAIRS = {"cpu": 2048}
 
 

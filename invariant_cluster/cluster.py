@@ -33,7 +33,12 @@ from ._duplicates import (
     near_duplicates,
     unique_in_canonical_order,
 )
-from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin, shift_params
+from ._estimator import (
+    ENGINE_CONSTRAINTS,
+    ROTATION_CENTER_CONSTRAINTS,
+    SE2SearchMixin,
+    shift_params,
+)
 from ._graph import graph_modes
 from ._grouping import (
     COUNT_RUNS,
@@ -69,160 +74,73 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                                   ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Cluster images invariantly to rotations and translations by iterated invariant attention.
 
-    Every image attends to its invariant nearest neighbours with the invariant kernel (the
-    neighbours ALIGNED onto it: ``T_tau*(x_i, x_j) x_j``) and moves to their weighted average,
-    until a fixed point: each sample's invariant mean, a denoised version of it in its own pose;
-    the means then attend to each other once. The kNN graph of the samples, or on noisy images
-    its union with the graph of the means, is grouped by Leiden, and each cluster's invariant
-    mean is its centre.
+    Every image attends to its invariant nearest neighbours, each aligned onto it
+    (``T_tau*(x_i, x_j) x_j``), and moves to their weighted average until a fixed point: the
+    sample's invariant mean, a denoised version of it in its own pose. The invariant kNN graph
+    of the samples (on noisy images, its union with the graph of the means) is grouped by
+    Leiden, and each cluster's invariant mean is its centre. Why and how each stage behaves:
+    :doc:`/user_guide/invariant_attention` and :doc:`/user_guide/parameters`.
 
     Parameters
     ----------
     n_clusters : int or None, default=None
-        None: the data decide how many. A group of at least 3 distinct images is separated when
-        its shortest edge to any other image is at least 1.25 times the longest edge of the
-        single-linkage tree inside it. Two partitions of the samples' invariant kNN graph are
-        tested, with at most 10% of the images (or 3, where that is more) left outside the
-        groups (they join the group they meet first): one cut of the single-linkage tree, all
-        of whose groups are separated by the same gap, and HDBSCAN's clusters of the tree
-        (excess of mass), each separated by its own gap (the images of a cluster that is not
-        join the group they meet first), for groups whose spreads differ. With ``refine=True``
-        each group must also be separated on the continuously refined distances of the same
-        edges (the grid leaves a pair up to half a grid step off: a dozen copies of one shape
-        whose angles fall in two sets half a step apart are two groups on the grid's distances,
-        not on the refined ones). The finer of the two is taken, and then, where the refined
-        distances alone have a finer separated partition, that one if its groups are separated
-        more widely there than the grid's groups are (the grid's half-step error can chain two
-        shapes together; the runs of nearby angles that the refined distances show inside a
-        clean group are separated less widely). Where the measured noise is material
-        (``noise_std_`` at least 10% of the images' standard deviation) and dominates the
-        refined distances (each image's nearest and second-nearest neighbours about equally
-        far: median ratio 0.85 or more), the converged means' graph's partition is taken when
-        it is finer (gap 1.5, on the refined distances too with ``refine=True``; a refinement of the
-        samples' separated partition where there is one, and where there is none, not coarser
-        than modularity's count): the iteration collapses each group of noisy copies onto one
-        invariant mean, so the means are separated where noisy samples are not. There too, the
-        finest partition of the refined kNN graph whose single-linkage clusters are each
-        separated by their own gap is taken when it is finer: a group of noisy copies then has
-        no separated sub-groups, and two shapes closer than the noise, which the grid's and
-        HDBSCAN's partitions join, stay apart. With
-        such noise, shapes closer to each other than two noisy copies of one chain together in
-        both graphs, and each adds one small eigenvalue to the normalised Laplacian of the
-        graph: where the largest gap among its 40 smallest eigenvalues (at least 0.1: natural
-        classes' eigenvalues rise evenly) lies one to three places above the count found
-        (separated, or modularity's where none is), Leiden's partition into that many groups is
-        taken, if each has at least 3 distinct images. Copies of a few shapes give separated
-        partitions whatever their number and size (``benchmarks/results/count.json``); natural
-        classes, which chain into each other, do not (``separation_`` 1.00-1.02 on rotated
-        MNIST and Fashion-MNIST, ``count_natural*.json``). There, Leiden at resolution 1
-        (modularity) counts, the best of the typical ones of 10 seeded runs (a split that only
-        the run of highest modularity makes is not taken), its communities merged where the
-        converged means collapsed them onto one mode. ``count_rule_`` says which rule decided
-        and ``separation_`` the ratio. The count can be wrong where copies of one shape are
-        farther apart than two shapes (8 x 8 digits of the same class at arbitrary angles,
-        noise as large as the distance between two shapes, copies shifted farther apart than
-        ``max_translation`` on a background ``center`` does not centre) and where natural
-        classes are not modularity's communities, mostly by merging two shapes into one
-        cluster; inspect ``cluster_centers_`` before trusting it, and give the count where it
-        is known (the groups are then found where the count alone was missed,
-        ``count_draws_seed*.json``).
-        An int: with ``grouping="leiden"``, the separated partition with ``n_clusters`` groups
-        when there is one, else Leiden's resolution is searched until the partition
-        has ``n_clusters`` parts of at least 2% of ``n_samples / n_clusters`` samples each (a
-        smaller part, such as a pair of near-copies, joins the part it is most strongly
-        joined to; spectral clustering of the same graph if no resolution gives
-        them); with ``grouping="umap"`` it runs k-means on umap-learn's 10-D
-        layout of the graph (``min_dist=0``). None with "umap": HDBSCAN on the layout (the
-        smallest cluster holds 1% of the samples, at least 3; samples HDBSCAN calls noise join
-        their nearest cluster).
-        Either way the fit runs on the distinct images in an order set by their content:
-        duplicates (exact, or within 1% of the typical distance to the ``n_neighbors``-th
-        neighbour, such as a copy turned by a grid angle) share one cluster, and neither
-        storing the data twice nor permuting the samples changes the partition. A change of
-        the images too small to matter (a 1e-4 jitter) still moves that order, and so can
-        move Leiden's partition: each resolution takes the best of the typical ones of 10
-        seeded runs, those that agree with the others at least as well as the median run
-        (the user guide's convergence page).
+        None: the data decide how many. Groups of transformed copies separated by a gap in the
+        kNN graph are counted; natural classes, which chain into each other, are Leiden's
+        communities at resolution 1 (modularity). ``count_rule_`` says which rule decided and
+        ``separation_`` the gap behind it. An int: the partition with that many groups (the
+        separated one where there is one, else Leiden's resolution searched for that count).
+        Duplicates share one cluster, and neither storing the data twice nor permuting it
+        changes the partition. Give the count where it is known; inspect
+        ``cluster_centers_`` before trusting either. See :ref:`parameters-n-clusters`.
     group : {"se2", "rotation", "translation", "none"}, default="se2"
-        "none" is plain kernel attention (mean shift on pixels), the baseline.
+        The transformations searched; "none" is plain kernel attention (mean shift on
+        pixels), the baseline. See :ref:`parameters-group`.
     max_rotation : float, default=180.0
-        Rotations searched within ``+-max_rotation`` degrees. The most sensitive choice: search
-        only the range the data has. A full-circle search on upright digits confuses 6 and 9
-        (ARI 0.62 against 0.79 for k-means on pixels, measured on unrotated MNIST with the
-        first version of this estimator).
+        Rotations searched within ``+-max_rotation`` degrees. The most sensitive choice:
+        search only the range the data has (a full circle confuses 6 and 9 on upright digits).
+        See :ref:`parameters-angles`.
     n_rotations : int, default=36
         Grid angles (0 is always included). At most
         :func:`~invariant_cluster.alignment.rotation_limit` (the angles the image size can tell
         apart, at least 360); more get a ``ValueError``.
     max_translation : float, default=0
         Shifts searched within ``+-max_translation`` pixels (integer grid) between two
-        samples. Copies shifted within ``+-s`` pixels of one shape at any angle differ from
-        each other by shifts of up to ``s (1 + sqrt(2))`` pixels per axis: search that range,
-        or centre the images first (``center``).
+        samples: copies shifted within ``+-s`` pixels at any angle are up to
+        ``s (1 + sqrt(2))`` pixels apart. Search that range, or centre the images first
+        (``center``). See :ref:`parameters-shifts`.
     center : "auto" or bool, default="auto"
-        Shift every image (fitted, predicted or transformed) so that the centre of mass of
-        its positive part lies at the image centre before anything else, so that the search
-        need only cover the shifts the centring leaves (noise, clipping at the border).
-        Canonical for shapes on an empty background that move within the frame: copies
-        shifted within ``+-s`` pixels at any angle are up to ``s (1 + sqrt(2))`` pixels apart,
-        and ``benchmarks/bench_count.py``'s MNIST copies shifted within +-2 px get every
-        count right with ``max_translation=2`` only when centred. Where the content reaches
-        the frame (clothing) the centre of mass is no stable landmark and centring costs
-        accuracy (Fashion-MNIST: ACC 0.628 against 0.641, ``center.json``). "auto" (the
-        default) centres when shifts are searched (``max_translation > 0``, ``group`` "se2"
-        or "translation") and the mean image's band of ``ceil(max_translation)`` pixels
-        along the frame is at most a tenth as bright as its whole frame, the background the
-        shifts move through then being empty (MNIST digits 0.008-0.05, Fashion-MNIST
-        0.17-0.31; the user guide's parameters page). ``center_`` says what the fit did.
-        ``alignments_`` and ``invariant_means_`` stay in the input's frame. The
-        centring interpolates each image once (bilinear), which smooths its finest detail and
-        its noise (``noise_std_`` is measured after it, and comes out lower).
+        Shift every image (fitted, predicted or transformed) so that the centre of mass of its
+        positive part lies at the rotation centre, so that the search need only cover the
+        shifts the centring leaves. For shapes on an empty background; where the content
+        reaches the frame it costs accuracy. "auto": centre when shifts are searched and the
+        band along the frame that they move through is dark. ``center_`` says what the fit
+        did; ``alignments_`` and ``invariant_means_`` stay in the input's frame. See
+        :ref:`parameters-shifts`.
     bandwidth : "auto" or float, default="auto"
-        "auto": per sample, umap-learn's calibration on the invariant distances ``d_ij`` to
-        the ``n_neighbors`` nearest samples: ``rho_i = d_i1`` (the nearest) and ``sigma_i``
-        such that ``sum_j exp(-max(d_ij - rho_i, 0) / sigma_i) = log2(n_neighbors + 1)``,
-        capped at ``0.25 rho_i`` so that a cluster smaller than the neighbourhood does not
-        borrow weight from other clusters. The attention weight of key ``j`` (and of the
-        sample itself, weight 1) is ``exp(-max(d - rho_i, 0) / sigma_i)``. A float is a global
-        Gaussian ``sigma``: weights ``exp(-d^2 / (2 sigma^2))`` (plain mean shift).
+        "auto": per sample, umap-learn's calibration on the invariant distances to the
+        ``n_neighbors`` nearest samples (``rho_i`` the nearest, ``sigma_i`` capped at
+        ``0.25 rho_i``), weights ``exp(-max(d - rho_i, 0) / sigma_i)``. A float: a global
+        Gaussian ``sigma`` (plain mean shift). See :ref:`parameters-neighbourhood`.
     n_neighbors : int, default=15
-        The other samples each sample attends to (and the kNN graph's degree); on data sets
-        smaller than ``n_neighbors + 1`` all other samples are used. The calibrated bandwidth
-        adapts to each sample's local scale, so a cluster may be smaller than the
-        neighbourhood (the tests use groups of 3 and of 60 copies at the default). Where
-        every image is stored in more transformed copies than ``n_neighbors`` (augmented
-        data) and ``n_clusters`` is given, a copy set can be cut off from the rest of the
-        graph: search more neighbours than the copies of an image (the user guide's
-        convergence page, "Copy sets larger than the neighbourhood").
+        The other samples each sample attends to (and the kNN graph's degree); all others on
+        data sets smaller than ``n_neighbors + 1``. A cluster may be smaller than the
+        neighbourhood; with augmented data, search more neighbours than the copies of an
+        image. See :ref:`parameters-neighbourhood`.
     update : {"fixed", "blurring"}, default="fixed"
         "fixed": the keys stay at the samples (mean shift on each sample's aligned
-        neighbourhood): a monotone ascent of a kernel density that converges by construction
-        and never merges clusters. "blurring": the keys are the current means (attention
-        applied again and again, Gaussian blurring mean shift); it stops when the partition
-        into modes has not changed for 3 iterations (Carreira-Perpinan, 2006), before
-        well-separated clusters merge.
+        neighbourhood), a monotone ascent that never merges clusters. "blurring": the keys are
+        the current means (Gaussian blurring mean shift), stopped when the partition into modes
+        has not changed for 3 iterations. See :doc:`/user_guide/convergence`.
     graph : {"auto", "samples", "means", "both"}, default="auto"
-        Which kNN graph is grouped. "samples": the invariant kNN graph of the samples. "means":
-        the kNN graph of the converged means, searched among each sample's neighbours and
-        their neighbours. "both": the union of the samples' fuzzy graph and that of the means'
-        graph searched again among ALL means (one more kNN search, on the denoised means).
-        "auto": "both" when fewer than 0.44 of the two-hop means' graph's edges are edges of
-        the samples' graph (the iteration replaced most neighbours: noisy images), else
-        "samples"; ``graph_`` says which. On
-        2,000 MNIST digits rotated within +-45 degrees the shared fraction is 0.57 clean and
-        0.51, 0.41, 0.34 with Gaussian noise of sigma 0.3, 0.5, 0.8 (pixels in [0, 1]; at
-        10,000: 0.545, 0.46, 0.38, 0.33), with ``noise_std=0``; the union wins from sigma 0.5
-        on and loses on clean digits and at sigma 0.3 (``benchmarks/bench_noise.py``). With
-        the default filter the noisy fractions rise: 0.48 and 0.42 at sigma 0.5 and 0.8 (at
-        10,000: 0.434 and 0.389). On Fashion-MNIST (0.52 at
-        10,000, 0.48 at 70,000) the two are level.
+        Which kNN graph is grouped: the samples' invariant kNN graph, the converged means'
+        (searched among each sample's neighbours and theirs), or the union of the samples'
+        graph and the means' graph searched again among all means. "auto": "both" when the
+        iteration replaced most neighbours (noisy images), else "samples"; ``graph_`` says
+        which. See :ref:`parameters-graph`.
     grouping : {"leiden", "umap"}, default="leiden"
-        "leiden": Leiden (leidenalg, RB configuration model) on the fuzzy graph
-        ``w_ij = exp(-max(d_ij - rho_i, 0) / sigma_i)`` with the attention's own calibration,
-        made symmetric by the fuzzy union. "umap": umap-learn's layout and k-means (or
-        HDBSCAN), the grouping of earlier versions; it needs the optional umap-learn
-        (``pip install "invariant_cluster[umap]"``), which compiles its code in the first
-        process that uses it.
+        "leiden": Leiden (leidenalg, RB configuration model) on the fuzzy graph with the
+        attention's own calibration. "umap": umap-learn's layout and k-means (or HDBSCAN),
+        which needs the optional umap-learn (``pip install "invariant_cluster[umap]"``).
     max_iter : int, default=300
     tol : float, default=1e-3
         "fixed": converged when the largest move of a mean relative to its bandwidth,
@@ -230,8 +148,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
     refine : bool, default=True
         Refine continuously (angle and sub-pixel shift) the alignments of every sample onto its
         cluster centre and the distances of ``transform``/``predict``, and, with
-        ``n_clusters=None``, the kNN graph's distances on which a separated partition is
-        tested (see ``n_clusters``). The kNN searches use the grid only.
+        ``n_clusters=None``, the kNN graph's distances on which a count is tested. The kNN
+        searches use the grid only.
     image_shape : tuple (H, W) or (C, H, W), optional
         How to fold rows of ``X``; None: square if ``n_features`` is a perfect square, else a
         ``1 x n_features`` image.
@@ -255,10 +173,9 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         Run the alignment searches block by block on a Dask cluster (identical results).
     n_jobs : int, optional
         Threads for torch and the BLAS/OpenMP pools during ``fit``/``predict``/``transform``
-        (None: as set by ``OMP_NUM_THREADS`` or threadpoolctl; -1: all cores). As many worker
-        processes (at most one per run) run the grouping's Leiden runs on graphs of 400,000
-        edges or more (100,000 on a card, where they start during the search), with the same
-        labels as one process; together within a quarter of the memory available.
+        (None: as set by ``OMP_NUM_THREADS`` or threadpoolctl; -1: all cores). On large graphs
+        as many worker processes run the grouping's Leiden runs, with the same labels as one
+        process. See :doc:`/user_guide/scaling`.
     random_state : int, RandomState instance or None
         Seeds the grouping (Leiden's optimiser; umap-learn's layout and k-means' starts with
         ``grouping="umap"``).
@@ -268,43 +185,41 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         stage with its time. 0: silent.
     noise_std : "auto" or float, default="auto"
         White noise in the images, damped before anything else by
-        :class:`~invariant_cluster.denoise.RadialWiener` (an isotropic filter: each spatial
-        frequency keeps the square root of its power's signal share). "auto": measured on the
-        images where they have least power
-        (:func:`~invariant_cluster.denoise.estimate_noise_std`; 0 on clean images with a flat
-        background, and the filter is then the identity); a float: the known standard
-        deviation (0: no filter). The search, the iteration, the means, the centres,
-        ``predict`` and ``transform`` all see the filtered images. On noisy images it makes
-        the kNN graph purer (the user guide's convergence page; ``benchmarks/bench_noise.py``).
+        :class:`~invariant_cluster.denoise.RadialWiener` (an isotropic filter). "auto":
+        measured where the images have least power
+        (:func:`~invariant_cluster.denoise.estimate_noise_std`; 0 on clean images, and the
+        filter is then the identity); a float: the known standard deviation (0: no filter).
+        The search, the iteration, the centres, ``predict`` and ``transform`` all see the
+        filtered images. See :ref:`parameters-noise`.
     reflection : bool, default=False
         Also search the mirror images (the group E(2) = SE(2) x {identity, mirror}; the
-        mirror is a horizontal flip about the image centre, before the rotation, see
-        :mod:`invariant_cluster.transforms`): neighbours, attention and centres then align
-        mirror images too, at twice the search's cost. ``alignments_`` gains a 4th column.
+        mirror is a horizontal flip about the rotation centre, before the rotation, see
+        :mod:`invariant_cluster.transforms`), at twice the search's cost. ``alignments_``
+        gains a 4th column, the mirror bit.
+    rotation_center : {"geometric", "fourier"}, default="geometric"
+        The centre of rotations and mirrors: the geometric centre ``((W - 1) / 2, (H - 1) / 2)``,
+        or the pixel ``(W // 2, H // 2)`` about which cryo-EM particles are rotated (the
+        origin of the centred Fourier transform; the same pixel on odd sizes). Searches,
+        means, centres and ``alignments_`` all turn about it: reproduce an alignment with
+        ``warp_se2(x, tau, rotation_center=...)``. See :ref:`parameters-rotation-center`.
 
     Attributes
     ----------
     labels_ : ndarray of shape (n_samples,)
-        Cluster of each sample, from the grouping of the kNN graph. ``predict`` votes among the
-        nearest fitted samples (see ``predict``; ``benchmarks/bench_noise.py`` reports its
-        agreement with ``labels_`` on the training images).
+        Cluster of each sample, from the grouping of the kNN graph (largest cluster first).
+        ``predict`` votes among the nearest fitted samples instead.
     graph_ : str
         The graph that was grouped: "samples", "means" or "both".
     count_rule_ : str
         What decided the number of clusters: "given" (``n_clusters``), "separated" (separated
-        groups of the samples' kNN graph), "separated_refined" (a finer separated partition of
-        the same graph on its refined distances alone: separated more widely there than the
-        grid's, or, on refined distances dominated by noise, the finest clusters separated by
-        their own gaps; see ``n_clusters``), "separated_means" (separated groups of the
-        converged means' kNN graph), "eigengap" (a separated count, or modularity's, raised
-        to the graph's eigengap count), "modularity" (Leiden at resolution 1, see
-        ``n_clusters``) or "hdbscan" (``grouping="umap"``, ``n_clusters=None``).
+        groups of the samples' kNN graph), "separated_refined" (the same on its refined
+        distances alone), "separated_means" (separated groups of the converged means' graph),
+        "eigengap" (a count raised to the graph's eigengap), "modularity" (Leiden at
+        resolution 1) or "hdbscan" (``grouping="umap"``). See :ref:`parameters-n-clusters`.
     separation_ : float or None
-        The gap ratio behind the count (see ``n_clusters``): the shortest edge between two
-        groups over the longest edge inside one, for the separated partition taken (for
-        HDBSCAN's clusters, the smallest of the groups' own ratios); where
-        none was separated (``count_rule_`` "modularity", or "eigengap" raised from it),
-        the largest ratio seen, below 1.25. None where no separated partition was tested.
+        The gap ratio behind the count: the shortest edge between two groups over the longest
+        edge inside one (at least 1.25 for a separated partition; where none was, the largest
+        ratio seen). None where no separated partition was tested.
     search_plan_ : SearchPlan
         How the kNN graph of the distinct images was searched (exact or shortlist, the
         shortlist blocked on the device or by faiss, its length, the device), decided from
@@ -319,8 +234,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         Each sample's converged mean (in the sample's own pose).
     alignments_ : ndarray of shape (n_samples, 3), or (n_samples, 4) with ``reflection=True``
         ``(angle, tx, ty)`` that warps each sample onto its cluster centre:
-        ``warp_se2(x_i, alignments_[i])`` is close to ``cluster_centers_[labels_[i]]``; the 4th
-        column is the mirror bit.
+        ``warp_se2(x_i, alignments_[i], rotation_center=rotation_center)`` is close to
+        ``cluster_centers_[labels_[i]]``; the 4th column is the mirror bit.
     bandwidth_ : ndarray of shape (n_samples,)
         ``sigma_i`` (a global bandwidth repeated when ``bandwidth`` is a float).
     rho_ : ndarray of shape (n_samples,)
@@ -352,17 +267,10 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
     warps for the attention (done once for the fixed update), one search of the means over each
     sample's two-hop neighbourhood (``n (k + k^2)`` pairs) and, when the union is grouped, a
     second kNN search among the means, Leiden (a few runs to find the resolution), and one
-    invariant mean per cluster. Memory is ``O(n k)`` plus blocks: no
-    ``n x n`` array; the fitted images are kept for ``predict``.
-    The calibration, its cap, the noise filter and the grouping are this library's choices; the
-    paper is silent on them. Measured (``benchmarks/bench_noise.py``, MNIST digits rotated
-    within +-45 degrees, 7 seeds at 2,000 and 3 at 10,000): with noise of sigma 0.5 / 0.8, ACC
-    0.785 / 0.629 at 2,000 and 0.867 / 0.689 at 10,000, against 0.741 / 0.504 and 0.812 / 0.582
-    for the better of Leiden and umap-learn + k-means on the samples' graph of the images as
-    given. Most of that is the filter's (``noise_std``): the same baselines on the filtered
-    images reach 0.785 / 0.618 and 0.877 / 0.686; the union with the means' graph adds 0.003 to
-    0.011 at sigma 0.8. On clean digits no noise is measured, the samples' graph is grouped and
-    the iteration gives the means and the centres.
+    invariant mean per cluster. Memory is ``O(n k)`` plus blocks: no ``n x n`` array; the
+    fitted images are kept for ``predict``. The calibration, its cap, the noise filter and the
+    grouping are this library's choices; the paper is silent on them (measured in
+    :doc:`/benchmarks`).
 
     Examples
     --------
@@ -382,6 +290,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
     _parameter_constraints = {
         **SE2SearchMixin._parameter_constraints,
         **ENGINE_CONSTRAINTS,
+        **ROTATION_CENTER_CONSTRAINTS,
         "n_clusters": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "bandwidth": [StrOptions({"auto"}), Interval(numbers.Real, 0, None, closed="neither")],
         "update": [StrOptions({"blurring", "fixed"})],
@@ -405,7 +314,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                  graph="auto", grouping="leiden", max_iter=300, tol=1e-3, refine=True,
                  image_shape=None, device="auto", batch_size=None, neighbor_search="auto",
                  n_candidates=None, client=None, n_jobs=None, random_state=None, verbose=0,
-                 reflection=False, noise_std="auto", center="auto"):
+                 reflection=False, noise_std="auto", center="auto",
+                 rotation_center="geometric"):
         self.n_clusters = n_clusters
         self.group = group
         self.max_rotation = max_rotation
@@ -431,6 +341,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         self.reflection = reflection
         self.noise_std = noise_std
         self.center = center
+        self.rotation_center = rotation_center
 
     # ------------------------------------------------------------------ helpers
     def _tensor(self, X2, device, copy=True):
@@ -481,11 +392,12 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         k = int(min(self.n_neighbors, n - 1))
         c = self._plan(n, grid, k, dev).n_candidates
         what = f"InvariantAttentionClusterer.fit on {n} images"
-        _memory.check_search(n, n, self.image_shape_, grid, k=k, n_candidates=c,
+        _memory.check_search(n, n, self._frame_shape(), grid, k=k, n_candidates=c,
                              element_size=X2.dtype.itemsize, device=dev, what=what)
         _memory.check_fits(
-            _memory.estimate_fit_bytes(n, X2.shape[1], k, c, element_size=X2.dtype.itemsize,
-                                       device=dev, filtered=self.noise_std != 0,
+            _memory.estimate_fit_bytes(n, int(np.prod(self._frame_shape())), k, c,
+                                       element_size=X2.dtype.itemsize, device=dev,
+                                       filtered=self.noise_std != 0,
                                        grouping_means=self.n_clusters is None),
             dev, what,
             hint="fit a subset, lower n_neighbors, or run on a machine with more memory")
@@ -518,6 +430,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                 inverse = rank[inverse]
                 self._log(f"noise {self.noise_std_:.3g} filtered "
                           f"({time.perf_counter() - t0:.1f} s)")
+            # the search's frame: rotations turn about its geometric centre (rotation_center)
+            Xu = self._framed(Xu)
             # 1. search: the invariant kNN graph of the samples (squared distances), on one
             # representative of each group of (near) duplicates
             D, idx, P = self._search(Xu, grid, k)
@@ -593,12 +507,14 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         self.n_clusters_ = int(labels.max()) + 1
         order = np.zeros(self.n_clusters_, dtype=np.int64)
         order[self.labels_] = labels[sample]
-        self.cluster_centers_ = centers[torch.as_tensor(order, device=centers.device)].reshape(
+        self.cluster_centers_ = self._unframed(
+            centers[torch.as_tensor(order, device=centers.device)]).reshape(
             self.n_clusters_, -1).cpu().numpy().astype(np_dtype)
         # (fancy indexing copies: the means are copied once, and their tensor freed, before the
         # next copy of the images is made)
         own_sample = _rows_of(own, len(first), inverse)
-        self.invariant_means_ = _per_sample(M.reshape(m, -1).cpu().numpy(), sample, own_sample,
+        self.invariant_means_ = _per_sample(self._unframed(M).reshape(m, -1).cpu().numpy(),
+                                            sample, own_sample,
                                             Mown).astype(np_dtype, copy=False)
         del M
         self.alignments_ = _per_sample(params.cpu().numpy(), sample, own_sample,
@@ -686,14 +602,14 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         _, _, onto = candidate_search(C, Xown, one_each[:, None], grid, k=1,
                                       batch_size=self.batch_size)
         _, p = refine_pairs(C, Xown, one_each, one_each, onto[:, 0], self._grid(self.refine))
-        return Mown.reshape(len(own), -1).cpu().numpy(), p.cpu().numpy()
+        return self._unframed(Mown).reshape(len(own), -1).cpu().numpy(), p.cpu().numpy()
 
     def _noise_is_material(self, Xt):
         """Whether the measured noise is a material part of the images: ``noise_std_`` at
         least ``NOISY_FRACTION`` of the standard deviation of the (filtered) images ``Xt``."""
         if self.filter_.is_identity or Xt.numel() == 0:
             return False
-        return self.noise_std_ >= NOISY_FRACTION * float(Xt.std())
+        return self.noise_std_ >= NOISY_FRACTION * float(self._unframed(Xt).std())
 
     def _refined_edges(self, Xt, D, idx, P):
         """A function that returns the distances of the kNN graph ``(D, idx)`` continuously
@@ -797,9 +713,9 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         X2, _ = self._centred(self._validate(X, reset=False))
         dev = resolve_device(self.device)
         with thread_limit(self.n_jobs), torch.no_grad():
-            Xt = self._filtered(self._tensor(X2.astype(self.cluster_centers_.dtype, copy=False),
-                                             dev))
-            C = self._tensor(self.cluster_centers_, dev)
+            Xt = self._framed(self._filtered(
+                self._tensor(X2.astype(self.cluster_centers_.dtype, copy=False), dev)))
+            C = self._framed(self._tensor(self.cluster_centers_, dev))
             # the samples are warped onto the centres, as in alignments_
             D, _ = all_pairs(C, Xt, self._grid(self.refine), batch_size=self.batch_size)
         return D.T.cpu().numpy().astype(X2.dtype)
@@ -830,9 +746,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         """The cluster most common among the ``n_neighbors`` invariant nearest fitted samples.
 
         As scikit-learn's ``KNeighborsClassifier`` with ``labels_`` as targets (ties: the label
-        of the nearer neighbours). A cluster follows the shape of the kNN graph, which one
-        centre per cluster cannot: the nearest centre agreed with ``labels_`` on 88% of 2,000
-        rotated MNIST digits. ``transform`` gives the distances to the centres.
+        of the nearer neighbours): a cluster follows the shape of the kNN graph, which one
+        centre per cluster cannot. ``transform`` gives the distances to the centres.
 
         Parameters
         ----------
@@ -848,10 +763,12 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         fit_X = self._fit_X
         k = int(min(self.n_neighbors, len(fit_X)))
         with thread_limit(self.n_jobs), torch.no_grad():
-            Xq = self._filtered(self._tensor(X2.astype(fit_X.dtype, copy=False), dev))
+            Xq = self._framed(self._filtered(self._tensor(X2.astype(fit_X.dtype, copy=False),
+                                                          dev)))
             grid = self._grid(refine=False)
             plan = self._plan(len(fit_X), grid, k, dev, n_queries=Xq.shape[0])
-            _, idx, _ = knn_search(Xq, self._filtered(self._tensor(fit_X, dev)), grid, k,
+            Xf = self._framed(self._filtered(self._tensor(fit_X, dev)))
+            _, idx, _ = knn_search(Xq, Xf, grid, k,
                                    plan=plan, batch_size=self.batch_size, client=self.client)
         return vote(self.labels_, idx.cpu().numpy())
 

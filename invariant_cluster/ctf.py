@@ -420,9 +420,7 @@ def phase_flip(images, ctf):
 
 # The neighbour search's CTF groups: images of at most this many distinct CTFs are compared
 # across groups exactly (cross_ctf_filters); more are split into this many groups of equal
-# size at the quantiles of their mean defocus. On 2,000 simulated projections with 7 defocus
-# values (benchmarks/results/cryoem_ctf.json) 2, 4 and 7 groups found neighbours within
-# 0.003 of one another at SNR 4 to 1/4 (the user guide's cryo-EM page).
+# size at the quantiles of their mean defocus (measured: docs/design/defaults.rst).
 CTF_GROUPS = 4
 # Frequencies where neither group's CTF carries signal are not amplified: the cross filters'
 # denominator C_g^2 + C_h^2 is raised by this much (the CTF is at most 1).

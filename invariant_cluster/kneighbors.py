@@ -33,7 +33,12 @@ from sklearn.utils.validation import check_is_fitted
 
 from . import _memory
 from ._dask import DaskClientMixin
-from ._estimator import ENGINE_CONSTRAINTS, SE2SearchMixin, shift_params
+from ._estimator import (
+    ENGINE_CONSTRAINTS,
+    ROTATION_CENTER_CONSTRAINTS,
+    SE2SearchMixin,
+    shift_params,
+)
 from ._heap import reusing_heap
 from ._utils import resolve_device, to_tensor
 from .search import knn_search, make_search_plan, refine_pairs
@@ -45,10 +50,7 @@ __all__ = ["InvariantKNeighborsTransformer", "invariant_kneighbors_graph", "symm
 # The searches, their exact/shortlist threshold and the shortlist length (8 k here, twice the
 # clusterer's) are the engine's (invariant_cluster.search; the plan's purpose "graph").
 # With refinement, the n_neighbors + 1 nearest keys on the grid (what the graph holds) are
-# refined and re-sorted. Refining twice as many and keeping the best changed 9% of the
-# neighbours of 1,000 rotated MNIST digits (k = 15) but the share of neighbours with the
-# query's digit only from 0.718 to 0.721, at twice the cost: refinement is most of the time of
-# the shortlisted search (benchmarks/bench_neighbors.py).
+# refined and re-sorted (why not more: docs/design/defaults.rst).
 
 
 def csr_graph(data, ind, n_fit):
@@ -163,6 +165,11 @@ class InvariantKNeighborsTransformer(DaskClientMixin, SE2SearchMixin,
         :class:`~invariant_cluster.InvariantAttentionClusterer`'s default does (``center_``
         says what the fit did). Off by default: the graph's distances are then the grid's
         minimum over the images as given.
+    rotation_center : {"geometric", "fourier"}, default="geometric"
+        The centre of rotations and mirrors: the geometric centre ``((W - 1) / 2, (H - 1) / 2)``,
+        or the pixel ``(W // 2, H // 2)`` about which cryo-EM particles are rotated (the same
+        pixel on odd sizes). The alignments of :meth:`kneighbors` turn about it:
+        ``warp_se2(y, tau, rotation_center=...)``. See :ref:`parameters-rotation-center`.
 
     Attributes
     ----------
@@ -192,10 +199,11 @@ class InvariantKNeighborsTransformer(DaskClientMixin, SE2SearchMixin,
     -----
     Direction: the query ``x`` stays fixed and the fitted image ``y`` is warped onto it, so the
     alignment ``tau`` returned by :meth:`kneighbors` satisfies
-    ``warp_se2(y, tau) ~ x`` (angle in degrees, counter-clockwise as displayed; ``tx, ty`` in
-    pixels; see :mod:`invariant_cluster.transforms`). For rotations over the full circle and no
-    translation, ``d(x, y) = d(y, x)`` up to interpolation and the grid; with translations the
-    zero padding makes it only approximately symmetric, and the graph (as any kNN graph) is not
+    ``warp_se2(y, tau, rotation_center=rotation_center) ~ x`` (angle in degrees,
+    counter-clockwise as displayed; ``tx, ty`` in pixels; see
+    :mod:`invariant_cluster.transforms`). For rotations over the full circle and no translation,
+    ``d(x, y) = d(y, x)`` up to interpolation and the grid; with translations the zero padding
+    makes it only approximately symmetric, and the graph (as any kNN graph) is not
     symmetric. Grid distances are ``||x||^2 + ||T y||^2 - 2 <x, T y>`` clamped at 0, refined
     ones come from the residual; the square root is taken last.
 
@@ -222,6 +230,7 @@ class InvariantKNeighborsTransformer(DaskClientMixin, SE2SearchMixin,
     _parameter_constraints: dict = {
         **SE2SearchMixin._parameter_constraints,
         **ENGINE_CONSTRAINTS,
+        **ROTATION_CENTER_CONSTRAINTS,
         "mode": [StrOptions({"distance", "connectivity"})],
         "center": ["boolean", StrOptions({"auto"})],
     }
@@ -229,7 +238,7 @@ class InvariantKNeighborsTransformer(DaskClientMixin, SE2SearchMixin,
     def __init__(self, *, mode="distance", n_neighbors=5, group="se2", max_rotation=180.0,
                  n_rotations=36, max_translation=0, refine=True, neighbor_search="auto",
                  n_candidates=None, image_shape=None, device="auto", batch_size=None,
-                 client=None, reflection=False, center=False):
+                 client=None, reflection=False, center=False, rotation_center="geometric"):
         self.mode = mode
         self.n_neighbors = n_neighbors
         self.group = group
@@ -245,6 +254,7 @@ class InvariantKNeighborsTransformer(DaskClientMixin, SE2SearchMixin,
         self.client = client
         self.reflection = reflection
         self.center = center
+        self.rotation_center = rotation_center
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=True)
@@ -296,9 +306,10 @@ class InvariantKNeighborsTransformer(DaskClientMixin, SE2SearchMixin,
         dev = resolve_device(self.device)
         grid = self._grid(self.refine)
         dtype = torch.float64 if np.float64 in (Q2.dtype, self._fit_X.dtype) else torch.float32
-        K = torch.as_tensor(self._fit_X).to(device=dev, dtype=dtype).reshape(-1, *self.image_shape_)
-        Q = K if exclude_self else to_tensor(Q2).to(
-            device=dev, dtype=dtype).reshape(-1, *self.image_shape_)
+        K = self._framed(torch.as_tensor(self._fit_X).to(device=dev, dtype=dtype).reshape(
+            -1, *self.image_shape_))
+        Q = K if exclude_self else self._framed(to_tensor(Q2).to(
+            device=dev, dtype=dtype).reshape(-1, *self.image_shape_))
         n_q = Q.shape[0]
         exclude = torch.arange(n_q, device=dev) if exclude_self else None
         refine = grid.refine and any(grid.free)

@@ -35,6 +35,7 @@ EXPECTED_FAILED_CHECKS: dict[str, str] = {}
         InvariantAttentionClusterer(n_rotations=4, device="cpu"),
         InvariantAttentionClusterer(n_clusters=2, n_rotations=4, max_translation=1,
                                     update="blurring", graph="means", device="cpu"),
+        InvariantAttentionClusterer(n_rotations=4, device="cpu", rotation_center="fourier"),
     ],
     expected_failed_checks=lambda est: EXPECTED_FAILED_CHECKS,
 )
@@ -689,3 +690,85 @@ class TestNeighborSearch:
                 out = _fit(X, client=client, **kw)
         np.testing.assert_array_equal(ref.labels_, out.labels_)
         np.testing.assert_allclose(ref.invariant_means_, out.invariant_means_, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- rotation centre
+def _quarter_turn_about_fourier_centre(x):
+    """``x`` (H, W even) turned by 90 degrees counter-clockwise about the pixel (W // 2, H // 2):
+    ``np.rot90`` turns about the geometric centre, half a pixel away in each axis, and the
+    roll by one row brings the pixel back (checked against a float64 warp below)."""
+    return np.roll(np.rot90(x), 1, axis=0)
+
+
+def _fourier_copies(n_shapes=3, size=16, seed=0):
+    """The four exact quarter turns about (W // 2, H // 2) of ``n_shapes`` random float64
+    shapes (content within 3 px of that pixel, so no turn or roll reaches the border)."""
+    rng = np.random.default_rng(seed)
+    c = size // 2
+    X, y = [], []
+    for s in range(n_shapes):
+        x = np.zeros((size, size))
+        x[c - 3:c + 4, c - 3:c + 4] = rng.random((7, 7)) * (rng.random((7, 7)) > 0.4)
+        for _ in range(4):
+            X.append(x)
+            y.append(s)
+            x = _quarter_turn_about_fourier_centre(x)
+    return np.stack(X), np.array(y)
+
+
+def test_quarter_turn_reference_is_the_fourier_warp():
+    X, _ = _fourier_copies(n_shapes=1)
+    ref = warp_se2(X[:3], np.tile([[90.0, 0.0, 0.0]], (3, 1)), rotation_center="fourier")
+    np.testing.assert_allclose(X[1:4], ref, atol=1e-12)
+    # about the geometric centre they are not the same images
+    assert np.abs(X[1:4] - np.rot90(X[:3], axes=(1, 2))).max() > 0.1
+
+
+def test_fourier_rotation_center_aligns_exact_quarter_turns():
+    X, y = _fourier_copies()
+    est = InvariantAttentionClusterer(group="rotation", n_rotations=4, rotation_center="fourier",
+                                      noise_std=0, random_state=0, device="cpu").fit(X)
+    assert adjusted_rand_score(y, est.labels_) == 1.0
+    assert est.cluster_centers_.shape == (3, 16 * 16)
+    assert est.invariant_means_.shape == (12, 16 * 16)
+    # each image warped by its alignment about (W // 2, H // 2) is its centre, exactly
+    aligned = warp_se2(X, est.alignments_, rotation_center="fourier").reshape(12, -1)
+    np.testing.assert_allclose(aligned, est.cluster_centers_[est.labels_], atol=1e-10)
+    assert est.transform(X).min(1).max() < 1e-10
+    np.testing.assert_array_equal(est.predict(X), est.labels_)
+    # about the geometric centre the copies are half a pixel off: none is an exact turn
+    geo = InvariantAttentionClusterer(group="rotation", n_rotations=4, noise_std=0,
+                                      random_state=0, device="cpu").fit(X)
+    assert geo.rotation_center == "geometric"
+    d = invariant_distances(X[::4], X, group="rotation", n_rotations=4, refine=False)
+    assert np.sort(d, 1)[:, 1].min() > 0.1
+    assert geo.transform(X).min(1).max() > 0.1
+
+
+def test_fourier_rotation_center_with_centring_and_duplicates():
+    X, y = _fourier_copies()
+    X = np.concatenate([X, X[:2]])  # exact duplicates take their copy's results
+    est = InvariantAttentionClusterer(group="se2", n_rotations=4, max_translation=1,
+                                      center=True, rotation_center="fourier", noise_std=0,
+                                      random_state=0, device="cpu").fit(X)
+    assert adjusted_rand_score(np.r_[y, y[:2]], est.labels_) == 1.0
+    np.testing.assert_array_equal(est.alignments_[-2:], est.alignments_[:2])
+    aligned = warp_se2(X, est.alignments_, rotation_center="fourier").reshape(len(X), -1)
+    np.testing.assert_allclose(aligned, est.cluster_centers_[est.labels_], atol=1e-6)
+
+
+def test_fourier_is_geometric_on_odd_sizes():
+    X, _ = _fourier_copies(size=16)
+    X = X[:, :15, :15]  # the pixel (7, 7) is then the geometric centre too
+    fits = [InvariantAttentionClusterer(group="rotation", n_rotations=4, rotation_center=rc,
+                                        noise_std=0, random_state=0, device="cpu").fit(X)
+            for rc in ("geometric", "fourier")]
+    for name in ("labels_", "alignments_", "cluster_centers_", "invariant_means_"):
+        np.testing.assert_array_equal(getattr(fits[0], name), getattr(fits[1], name))
+
+
+@pytest.mark.parametrize("bad", ["centre", "Fourier", 1, None])
+def test_rotation_center_is_checked(bad):
+    X, _ = _fourier_copies(n_shapes=1)
+    with pytest.raises(ValueError, match="rotation_center"):
+        InvariantAttentionClusterer(rotation_center=bad, device="cpu").fit(X)

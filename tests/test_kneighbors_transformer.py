@@ -339,7 +339,8 @@ class TestBadInput:
 
 
 # ----------------------------------------------------------------------------- estimator checks
-@parametrize_with_checks([InvariantKNeighborsTransformer()])
+@parametrize_with_checks([InvariantKNeighborsTransformer(),
+                          InvariantKNeighborsTransformer(rotation_center="fourier")])
 def test_sklearn_estimator_checks(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -519,3 +520,44 @@ def test_center_off_is_the_default_auto_decides_and_checked():
     assert InvariantKNeighborsTransformer(n_neighbors=3, center="auto").fit(X).center_ is False
     with pytest.raises(ValueError, match="center"):
         InvariantKNeighborsTransformer(center=1).fit(X)
+
+
+# ----------------------------------------------------------------------------- rotation centre
+def _quarter_turn_about_fourier_centre(x):
+    """``x`` (H, W even) turned by 90 degrees counter-clockwise about the pixel (W // 2, H // 2)
+    (``np.rot90`` turns about the geometric centre; the roll by one row brings that pixel
+    back)."""
+    return np.roll(np.rot90(x), 1, axis=0)
+
+
+@pytest.mark.parametrize("reflection", [False, True])
+def test_fourier_rotation_center_finds_exact_quarter_turns(reflection):
+    rng = np.random.default_rng(3)
+    fitted = np.zeros((6, 16, 16))
+    fitted[:, 5:12, 5:12] = rng.random((6, 7, 7))
+    queries = [fitted[:3]]
+    for _ in range(3):
+        queries.append(np.stack([_quarter_turn_about_fourier_centre(x) for x in queries[-1]]))
+    Q = np.concatenate(queries[1:])  # the turns by 90, 180 and 270 degrees of images 0-2
+    # the reference: the turn by 90 degrees is the float64 warp about (W // 2, H // 2)
+    ref = warp_se2(fitted[:3], np.tile([[90.0, 0, 0]], (3, 1)), rotation_center="fourier")
+    np.testing.assert_allclose(Q[:3], ref, atol=1e-12)
+    knn = InvariantKNeighborsTransformer(n_neighbors=2, group="rotation", n_rotations=4,
+                                         rotation_center="fourier", reflection=reflection,
+                                         device="cpu").fit(fitted)
+    dist, ind, tau = knn.kneighbors(Q, n_neighbors=1, return_alignments=True)
+    np.testing.assert_array_equal(ind[:, 0], np.tile([0, 1, 2], 3))
+    assert dist.max() < 1e-6
+    np.testing.assert_allclose(warp_se2(fitted[ind[:, 0]], tau[:, 0], rotation_center="fourier"),
+                               Q, atol=1e-10)
+    np.testing.assert_allclose(tau[:, 0, 0] % 360, np.repeat([90.0, 180.0, 270.0], 3))
+    # about the geometric centre (the default) they are half a pixel off
+    geo = InvariantKNeighborsTransformer(n_neighbors=2, group="rotation", n_rotations=4,
+                                         reflection=reflection, device="cpu").fit(fitted)
+    assert geo.rotation_center == "geometric"
+    assert geo.kneighbors(Q[:3], n_neighbors=1)[0].min() > 0.1
+
+
+def test_rotation_center_is_checked_by_the_transformer():
+    with pytest.raises(ValueError, match="rotation_center"):
+        InvariantKNeighborsTransformer(rotation_center="middle").fit(np.zeros((3, 16)))

@@ -35,18 +35,9 @@ from .blocked import check_descriptors, shortlist
 __all__ = ["approximate_shortlist"]
 
 # Maintenance note: an inverted file of about 2 sqrt(N) cells for N key copies, 8 of them
-# searched per query copy, each query copy asking for about 6 m / U key copies. Measured on
-# Fashion-MNIST (+-15 degrees, 7 angles, +-1 px: 9 query copies, 3 key copies, m = 96) against
-# the exact descriptor shortlist and pynndescent's graph, and against faiss's HNSW, whose
-# multi-threaded build is not reproducible: benchmarks/bench_shortlist.py,
-# results/shortlist_faiss.json. The entries per query copy: 6 m / U recall the same share of
-# the exact invariant top-15 as 9 m / U after the pass over the neighbours' neighbours
-# (0.992, 0.983, 0.954 against 0.992, 0.983, 0.953 at 10,000, 20,000 and 70,000 images) in 0.9,
-# 0.9 and 0.8 of the shortlist's time: benchmarks/bench_shortlist_entries.py,
-# results/shortlist_entries.json. The cells searched
-# hold at least about _MIN_SCANNED key copies: a small index (tests) is searched more widely,
-# which unstructured data needs (Gaussian noise, d = 16, 1,500 copies in 38 cells: 8 cells
-# recalled 0.84 of the exact top-10, 26 cells 0.997).
+# searched per query copy, each query copy asking for about 6 m / U key copies. The cells
+# searched hold at least about _MIN_SCANNED key copies: a small index (tests) is searched more
+# widely, which unstructured data needs (measured: docs/design/defaults.rst).
 _ENTRIES_PER_CANDIDATE = 6.0
 _CELLS_PER_SQRT = 2.0
 _PROBES = 8

@@ -28,62 +28,36 @@ __all__ = ["SearchPlan", "make_search_plan", "default_n_candidates"]
 # ----------------------------------------------------------------------------- exact or shortlist
 # Work (keys x grid size) up to which neighbor_search="auto" searches exactly, per kind of
 # device. The exact search costs n_queries x n_keys x grid size warped inner products; the
-# shortlist's exact part is linear in n_keys. CPU: 4,000 keys with 36 angles (at 10,000 MNIST
-# digits the shortlisted graph took 0.67 of the exact one's time: benchmarks/bench_neighbors.py,
-# 2 cores). CUDA: a card runs the products about 50 times faster than 2 cores but its warps,
-# top-k merges and blocks much less so. On an H200 (benchmarks/results/gpu_all_rows.json,
-# 2026-11-27) the fit of all 70,000 Fashion-MNIST images (63 grid points, work 4.4e6) took
-# 23.2 s with the exact search against 7.8 s with the default shortlist; at 10,000 rotated
-# MNIST digits (24 angles, work 2.4e5, exact by this rule) the exact and the shortlisted fits
-# took 1.26 s and 1.25 s (gpu_2026-11-27.json: 1.54 s and 1.88 s; gpu.json, 2026-11-28:
-# 1.17 s and 1.03 s), the kNN stage about 0.14 s of either:
-# the crossover lies between, and the factor 5 is not pinned down more finely than that.
+# shortlist's exact part is linear in n_keys. A card runs the products much faster than a CPU
+# but its warps, top-k merges and blocks much less so (measured: docs/design/defaults.rst).
 EXACT_WORK = {"cpu": 4000 * 36, "cuda": 5 * 4000 * 36}
 
 # Keys from which the descriptor shortlist is found by faiss's inverted file instead of the
-# blocked all-pairs products, per kind of device. CPU: at 10,000 Fashion-MNIST images the
-# inverted file found 0.985 of the exact descriptor shortlist in 9.0 s against 28.1 s for
-# pynndescent's graph (benchmarks/results/shortlist_faiss.json, 2 cores); the blocked products
-# cost n^2. CUDA: the blocked products stay on the card (no copy to the host, no
-# synchronisation) and cost about 2e13 multiply-adds at 70,000 images, under a second at the
-# card's FP32 rate; faiss-cpu would copy the descriptors to the host. From 200,000 keys
-# (8 times that work) the inverted file takes over.
+# blocked all-pairs products (which cost n^2), per kind of device; on a card the blocked
+# products stay on the card, where faiss-cpu would copy the descriptors to the host (measured:
+# docs/design/defaults.rst).
 FAISS_MIN_KEYS = {"cpu": 10_000, "cuda": 200_000}
 # Kinds of device whose samples' shortlist always takes the wider margin (see below).
 WIDE_SHORTLIST_KINDS = ("cuda",)
 
 # ----------------------------------------------------------------------------- shortlist length
-# Measured on MNIST (n = 2000, rotated +-45 degrees, with and without +-2 px shifts, 17 and 24
-# grid angles, k = 32): recall of the exact top-k >= 0.95 needs about 4 k candidates; see
-# benchmarks/bench_scaling.py --recall.
+# Candidates per searched neighbour of the shortlist, and the fewest (measured recall:
+# docs/design/defaults.rst).
 CANDIDATES_PER_NEIGHBOR = 4
 MIN_CANDIDATES = 64
-# Where faiss's approximate search finds the shortlist, 6 k (at least 96) candidates: at
-# 10,000 Fashion-MNIST images (+-15 degrees, 7 angles, +-1 px, k = 15) the recall of the exact
-# top-15 was 0.977 with 96 approximate candidates, 0.943 with 64 (the exact descriptor shortlist
-# of 64 holds 0.956).
-# On a card the exact search of the candidates is cheap beside the blocked shortlist, and the
-# same margin applies to the blocked shortlist too (WIDE_SHORTLIST_KINDS): on all 70,000
-# Fashion-MNIST images the card's plan (blocked shortlist, the pass over the neighbours'
-# neighbours) recalled 0.941 of the exact top-15 with 64 candidates (H200,
-# benchmarks/results/gpu.json; the same plan's arithmetic on 2 CPU cores: 0.941 too) and 0.962
-# with 96 (on 2 CPU cores, 500 queries; 20,000 images: 0.978 and 0.989).
+# Where faiss's approximate search finds the shortlist, and on a card for the blocked
+# shortlist too (WIDE_SHORTLIST_KINDS, where the exact search of the candidates is cheap), a
+# wider margin: 6 k candidates, at least 96 (measured recall: docs/design/defaults.rst).
 APPROXIMATE_CANDIDATES_PER_NEIGHBOR = 6
 APPROXIMATE_MIN_CANDIDATES = 96
 # The kNN transformer shortlists for twice as many neighbours (8 k candidates, without the
-# approximate margin): on 10,000 MNIST test digits rotated over the full circle
-# (n_neighbors = 15, 36 angles) 64 candidates kept 0.943 of the exact top-15 and 128 kept
-# 0.973, while the exact search of the candidates is a small part of its time
-# (benchmarks/bench_neighbors.py). Fashion-MNIST train + test, k = 16: 128 candidates recall
-# 0.992 at 20,000 images in 29.6 s against 0.997 in 51.6 s for 192.
+# approximate margin): the exact search of the candidates is a small part of its time
+# (measured recall: docs/design/defaults.rst).
 GRAPH_CANDIDATE_FACTOR = 2
 # A self-search with a shortlist takes one more exact pass over the HOP_NEIGHBORS nearest
-# neighbours of each query's HOP_NEIGHBORS nearest neighbours: on 70,000 Fashion-MNIST images
-# (k = 15, 96 candidates, 500 queries checked against every key) the recall of the exact top-15
-# went from 0.907 to 0.960 with 31 new candidates per query (5 x 5: 0.936; 15 x 15: 0.973).
-# The search of the converged means (purpose "means") takes none: it only adds edges to the
-# union graph, and the means are denoised; it keeps max(4 k, 64) candidates (on the 70,000
-# Fashion-MNIST means, 64 candidates recalled 0.915 of the exact top-15, 48 recalled 0.885).
+# neighbours of each query's HOP_NEIGHBORS nearest neighbours. The search of the converged
+# means (purpose "means") takes none: it only adds edges to the union graph, and the means are
+# denoised; it keeps max(4 k, 64) candidates (measured recall: docs/design/defaults.rst).
 HOP_NEIGHBORS = 10
 
 _PURPOSES = ("samples", "means", "graph")

@@ -89,14 +89,8 @@ def refine_alignments(Xp: torch.Tensor, Yp: torch.Tensor, params: torch.Tensor,
 
 # Maintenance note (REFINE_STOP_NOTE): a pair leaves the Levenberg-Marquardt loop when an
 # accepted step lowered its residual by less than _REFINE_GAIN (relative), or after
-# _REFINE_REJECTIONS rejected steps in a row; the others take up to ``n_steps`` steps. Every
-# step warped every pair before. Measured on the 16 nearest grid neighbours of 3,000
-# Fashion-MNIST images (48,000 pairs, +-15 degrees, +-1 px): after step 3 the median
-# accepted gain is 0.3%, falling to 0.001%, and the mean distance goes 21.77 -> 21.67 over
-# steps 3-8. With these values 10.2 s instead of 15.8 s, mean
-# distance 20.935 instead of 20.919 (+0.08%; the grid's 23.42); (3e-4, 1) 11.5 s, 20.932.
-# InvariantKNeighborsTransformer(n_neighbors=15) on 10,000 Fashion-MNIST images: refinement
-# 16.4 s of a 39.4 s fit_transform.
+# _REFINE_REJECTIONS rejected steps in a row; the others take up to ``n_steps`` steps
+# (measured: docs/design/defaults.rst).
 _REFINE_GAIN = 1e-3
 _REFINE_REJECTIONS = 1
 
