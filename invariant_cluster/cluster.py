@@ -10,6 +10,9 @@ from __future__ import annotations
 import numbers
 import time
 import warnings
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -378,18 +381,83 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         self : object
         """
         X2, offsets = self._centred(self._validate(X, reset=True), reset=True)
+        dev = resolve_device(self.device)
+        grid = self._grid(refine=False)
+        seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
+        self._check_fits(X2, grid, dev)
+        # the distinct images in an order set by their content: the fit does not depend on the
+        # order of the samples or on how often an image is stored (see _duplicates)
+        rows = _Rows.distinct(X2)
+        Xu = self._tensor(X2[rows.distinct_samples], dev, copy=False)  # a new array
+        # 0. the noise, measured on (at most 10,000 of) the distinct images
+        filt = RadialWiener(self.noise_std, image_shape=self.image_shape_).fit_tensor(
+            Xu, getattr(self, "feature_names_in_", None))
+        t0 = time.perf_counter()
+        # the grouping's Leiden runs on a large graph go to worker processes: on a card they
+        # start now, while the search runs there (the graph has about n k edges; on the CPU
+        # the search keeps the cores busy, and they start when the runs do)
+        with thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose), \
+                leiden_workers(self.grouping == "leiden" and torch.device(dev).type == "cuda",
+                               rows.n_rows * self._k(rows.n_rows), COUNT_RUNS,
+                               torch.get_num_threads(), _memory.memory_budget("cpu")) as workers:
+            Xu, rows = self._filter_stage(Xu, rows, filt, t0)
+            # 1. search: the invariant kNN graph of one representative of each group of (near)
+            # duplicates, in the search's frame (rotations turn about its geometric centre)
+            Xt, Xown, rows, knn, plan = self._search_stage(self._framed(Xu), rows, grid, t0)
+            del Xu
+            release()
+            # 2. bandwidth
+            D, idx, P = knn
+            rho, sigma = calibrate_bandwidth(D.clamp(min=0).sqrt(), self.bandwidth)
+            # 3. iterate (a representative of duplicates weighs as all its copies)
+            M, W, history, converged = iterate_attention(
+                Xt, idx, P, rho, sigma, self.bandwidth, update=self.update,
+                max_iter=self.max_iter, tol=self.tol, batch_size=self.batch_size,
+                counts=rows.counts(Xt))
+            self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
+            # each stage allocates blocks of its own sizes: what the last one left free in the
+            # heap goes back to the kernel (see _heap.release)
+            release()
+            # 4. group: Leiden on the samples' graph or its union with the means' graph
+            grouped = self._group_stage(Xt, knn, M, grid, seed, rho + sigma, filt, workers, t0)
+            release()
+            # 5. centres: each cluster's invariant mean, started at its densest converged mean;
+            # a near duplicate takes its own pose (its rows: Mown, Pown)
+            centers, params = cluster_means(Xt, M, grouped.labels, self._grid(self.refine),
+                                            self.batch_size, grouped.distances)
+            Mown, Pown = self._near_duplicates_pose(Xt, Xown, M, centers, grouped.labels, rows)
+            # the fit's copy of the images is freed before the results are copied out
+            # (predict filters the fitted input, _fit_X, again)
+            Xt = Xown = None
+            release()
+        self._warn_unconverged(converged, history)
+        means = self._unframed(M).reshape(rows.n_rows, -1).cpu().numpy()
+        del M
+        # 6. the fitted attributes, per sample
+        fitted = self._fitted_attributes(X2, offsets, rows, grouped.labels, centers, params,
+                                         means, Mown, Pown, rho, sigma, idx, W, history)
+        fitted.update(filter_=filt, noise_std_=float(filt.noise_std_), search_plan_=plan,
+                      graph_=grouped.graph, count_rule_=grouped.count_rule,
+                      separation_=grouped.separation)
+        for name, value in fitted.items():
+            setattr(self, name, value)
+        self._log(f"done: {self.n_clusters_} clusters in {time.perf_counter() - t0:.1f} s")
+        return self
+
+    def _k(self, n_rows):
+        """Neighbours searched among ``n_rows`` images (all others on a small set)."""
+        return int(min(self.n_neighbors, n_rows - 1))
+
+    def _check_fits(self, X2, grid, dev):
+        """A fit that cannot fit fails now, not after an hour of search: before anything of the
+        data's size is allocated, for all n samples (the distinct ones are not known yet) and
+        with the filtered copy (the noise is not measured yet)."""
         n = X2.shape[0]
         if self.n_clusters is not None and self.n_clusters > n:
             raise ValueError(
                 f"n_clusters: expected at most n_samples={n}, got {self.n_clusters}"
             )
-        dev = resolve_device(self.device)
-        grid = self._grid(refine=False)
-        seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
-        # a fit that cannot fit fails now, not after an hour of search: before anything of the
-        # data's size is allocated, for all n samples (the distinct ones are not known yet)
-        # and with the filtered copy (the noise is not measured yet)
-        k = int(min(self.n_neighbors, n - 1))
+        k = self._k(n)
         c = self._plan(n, grid, k, dev).n_candidates
         what = f"InvariantAttentionClusterer.fit on {n} images"
         _memory.check_search(n, n, self._frame_shape(), grid, k=k, n_candidates=c,
@@ -401,146 +469,109 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                                        grouping_means=self.n_clusters is None),
             dev, what,
             hint="fit a subset, lower n_neighbors, or run on a machine with more memory")
-        # the distinct images in an order set by their content: the fit does not depend on the
-        # order of the samples or on how often an image is stored (see _duplicates)
-        first, inverse = unique_in_canonical_order(X2)
-        # 0. the noise, measured on (at most 10,000 of) the distinct images
-        Xu = self._tensor(X2[first], dev, copy=False)  # X2[first] is a new array
-        self.filter_ = RadialWiener(self.noise_std, image_shape=self.image_shape_).fit_tensor(
-            Xu, getattr(self, "feature_names_in_", None))
-        self.noise_std_ = float(self.filter_.noise_std_)
-        filtered = not self.filter_.is_identity
-        k = int(min(self.n_neighbors, len(first) - 1))
-        t0 = time.perf_counter()
-        # the grouping's Leiden runs on a large graph go to worker processes: on a card they
-        # start now, while the search runs there (the graph has about n k edges; on the CPU
-        # the search keeps the cores busy, and they start when the runs do)
-        with thread_limit(self.n_jobs), torch.no_grad(), progress(self.verbose), \
-                leiden_workers(self.grouping == "leiden" and torch.device(dev).type == "cuda",
-                               len(first) * k, COUNT_RUNS, torch.get_num_threads(),
-                               _memory.memory_budget("cpu")) as workers:
-            if filtered:
-                self._filtered(Xu)
-                # in the order of the filtered images' own content, as a fit of them with the
-                # filter off takes them: the default fit is that fit (the order sets ties)
-                order = canonical_order(Xu)
-                Xu = Xu[torch.as_tensor(order, device=dev)]
-                first, rank = first[order], np.empty_like(order)
-                rank[order] = np.arange(len(order))
-                inverse = rank[inverse]
-                self._log(f"noise {self.noise_std_:.3g} filtered "
-                          f"({time.perf_counter() - t0:.1f} s)")
-            # the search's frame: rotations turn about its geometric centre (rotation_center)
-            Xu = self._framed(Xu)
-            # 1. search: the invariant kNN graph of the samples (squared distances), on one
-            # representative of each group of (near) duplicates
-            D, idx, P = self._search(Xu, grid, k)
-            dup = near_duplicates(D, idx)
-            Xt, rep_u, own, Xown = Xu, np.arange(len(first)), np.zeros(0, np.int64), None
-            if dup is not None:
-                rep_u = np.unique(dup)
-                # the near duplicates' own images are set aside, and the representatives
-                # gathered in place: a few near duplicates cost no copy of the images
-                own = np.flatnonzero(dup != np.arange(len(dup)))
-                Xown = Xu[torch.as_tensor(own, device=dev)]
-                Xt = _gather_rows_in_place(Xu, rep_u)
-                del Xu
-                k = int(min(self.n_neighbors, len(rep_u) - 1))
-                D, idx, P = self._search_representatives(Xt, rep_u, (D, idx, P), grid, k)
-                self._log(f"{len(first) - len(rep_u)} near duplicates set aside")
-            m = Xt.shape[0]
-            core = np.zeros(len(first), dtype=np.int64)
-            core[rep_u] = np.arange(m)
-            if dup is not None:
-                core = core[dup]
-            sample = core[inverse]  # each sample's row in the fit's arrays
-            self._log(f"kNN graph (k={k}): {time.perf_counter() - t0:.1f} s")
-            release()
-            # 2. bandwidth
-            rho, sigma = calibrate_bandwidth(D.clamp(min=0).sqrt(), self.bandwidth)
-            # 3. iterate
-            counts = None
-            if m < n:  # a representative of duplicates weighs as all its copies
-                counts = torch.as_tensor(np.bincount(sample, minlength=m), device=dev,
-                                         dtype=Xt.dtype)
-            M, W, history, converged = iterate_attention(
-                Xt, idx, P, rho, sigma, self.bandwidth, update=self.update,
-                max_iter=self.max_iter, tol=self.tol, batch_size=self.batch_size,
-                counts=counts)
-            self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
-            # each stage allocates blocks of its own sizes: what the last one left free in the
-            # heap goes back to the kernel (see _heap.release)
-            release()
-            # 4. group: Leiden on the samples' graph or its union with the means' graph
-            stage = progress_bar(1, "grouping", "stage")
-            if workers is not None:
-                workers.join()
-            labels, Dg = self._group(
-                D, idx, M, grid, k, seed, rho + sigma,
-                count_means=self.n_clusters is None and self._noise_is_material(Xt),
-                refined=self._refined_edges(Xt, D, idx, P) if self.refine else None)
-            stage.update()
-            stage.close()
-            self._log(f"{int(labels.max()) + 1} clusters ({time.perf_counter() - t0:.1f} s)")
-            release()
-            # 5. centres: each cluster's invariant mean, started at its densest converged mean
-            centers, params = cluster_means(Xt, M, labels, self._grid(self.refine),
-                                            self.batch_size, Dg)
-            # every sample takes its representative's results, a near duplicate its own pose
-            # (its rows: Mown, Pown)
-            Mown, Pown = self._near_duplicates_pose(Xt, Xown, M, centers, labels, core, own)
-            # the fit's copy of the images is freed before the results are copied out
-            # (predict filters the fitted input, _fit_X, again)
-            Xu = Xt = Xown = None
-            release()
+
+    def _filter_stage(self, Xu, rows, filt, t0):
+        """``(Xu, rows)``: the distinct images filtered in place by ``filt``, in the order of
+        the filtered images' own content, as a fit of them with the filter off takes them (the
+        default fit is that fit; the order sets ties). Unchanged where the filter is the
+        identity."""
+        if filt.is_identity:
+            return Xu, rows
+        filt.filter_tensor(Xu, in_place=True)
+        order = canonical_order(Xu)
+        Xu = Xu[torch.as_tensor(order, device=Xu.device)]
+        self._log(f"noise {float(filt.noise_std_):.3g} filtered "
+                  f"({time.perf_counter() - t0:.1f} s)")
+        return Xu, rows.reordered(order)
+
+    def _search_stage(self, Xu, rows, grid, t0):
+        """``(Xt, Xown, rows, (D, idx, P), plan)``: the invariant kNN graph (squared distances,
+        neighbours, grid alignments) of the representatives ``Xt``, one of each group of near
+        duplicates of the distinct images ``Xu`` (whose rows they reuse), the near duplicates'
+        own images ``Xown`` (None without any), ``rows`` with the representatives, and the
+        plan of the last full search."""
+        k = self._k(rows.n_rows)
+        plan, knn = self._search(Xu, grid, k)
+        dup = near_duplicates(*knn[:2])
+        Xt, Xown = Xu, None
+        if dup is not None:
+            rows = rows.with_representatives(dup)
+            # the near duplicates' own images are set aside, and the representatives
+            # gathered in place: a few near duplicates cost no copy of the images
+            Xown = Xu[torch.as_tensor(rows.own, device=Xu.device)]
+            Xt = _gather_rows_in_place(Xu, rows.representatives)
+            k = self._k(rows.n_rows)
+            plan, knn = self._search_representatives(Xt, rows.representatives, knn, grid, k,
+                                                     plan=plan)
+            self._log(f"{rows.n_distinct - rows.n_rows} near duplicates set aside")
+        self._log(f"kNN graph (k={k}): {time.perf_counter() - t0:.1f} s")
+        return Xt, Xown, rows, knn, plan
+
+    def _group_stage(self, Xt, knn, M, grid, seed, tol_modes, filt, workers, t0):
+        """The grouping (:class:`_Grouped`) of the kNN graph ``knn`` of the images ``Xt``
+        and their converged means ``M``, once the Leiden workers (if any) have started."""
+        stage = progress_bar(1, "grouping", "stage")
+        if workers is not None:
+            workers.join()
+        count_means = self.n_clusters is None and self._noise_is_material(Xt, filt)
+        grouped = self._group(Xt, knn, M, grid, seed, tol_modes, count_means)
+        stage.update()
+        stage.close()
+        self._log(f"{int(grouped.labels.max()) + 1} clusters "
+                  f"({time.perf_counter() - t0:.1f} s)")
+        return grouped
+
+    def _warn_unconverged(self, converged, history):
         if self.max_iter > 0 and not converged:
             warnings.warn(
                 f"InvariantAttentionClusterer did not converge in max_iter={self.max_iter} "
                 f"iterations (last relative move {history[-1]:.2e} > tol={self.tol}); "
                 "increase max_iter or tol.",
                 ConvergenceWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
+
+    def _fitted_attributes(self, X2, offsets, rows, labels, centers, params, means, Mown, Pown,
+                           rho, sigma, idx, W, history):
+        """The per-sample fitted attributes, from the results on the fit's rows (``means``:
+        the converged means, NumPy; ``Mown``, ``Pown``: the near duplicates' own means and
+        alignments), in the input's frame."""
         np_dtype = X2.dtype
+        n = X2.shape[0]
+        out = {}
         # labels by decreasing size, ties in the order of the input
-        self.labels_ = _relabel_by_size(labels[sample]).astype(np.int64)
-        self.n_clusters_ = int(labels.max()) + 1
-        order = np.zeros(self.n_clusters_, dtype=np.int64)
-        order[self.labels_] = labels[sample]
-        self.cluster_centers_ = self._unframed(
+        out["labels_"] = _relabel_by_size(rows.to_samples(labels)).astype(np.int64)
+        n_clusters = int(labels.max()) + 1
+        out["n_clusters_"] = n_clusters
+        order = np.zeros(n_clusters, dtype=np.int64)
+        order[out["labels_"]] = rows.to_samples(labels)
+        out["cluster_centers_"] = self._unframed(
             centers[torch.as_tensor(order, device=centers.device)]).reshape(
-            self.n_clusters_, -1).cpu().numpy().astype(np_dtype)
-        # (fancy indexing copies: the means are copied once, and their tensor freed, before the
-        # next copy of the images is made)
-        own_sample = _rows_of(own, len(first), inverse)
-        self.invariant_means_ = _per_sample(self._unframed(M).reshape(m, -1).cpu().numpy(),
-                                            sample, own_sample,
-                                            Mown).astype(np_dtype, copy=False)
-        del M
-        self.alignments_ = _per_sample(params.cpu().numpy(), sample, own_sample,
-                                       Pown).astype(np.float64)
+            n_clusters, -1).cpu().numpy().astype(np_dtype)
+        invariant_means = rows.to_samples(means, Mown).astype(np_dtype, copy=False)
+        alignments = rows.to_samples(params.cpu().numpy(), Pown).astype(np.float64)
         if offsets is not None:  # back to the input's frame: T_tau T_(0, -d) and T_(0, d) mu
             shifts = shift_params(offsets)
-            self.alignments_ = compose_se2(self.alignments_, shift_params(-offsets))[
-                ..., :self.alignments_.shape[-1]]
+            alignments = compose_se2(alignments, shift_params(-offsets))[
+                ..., :alignments.shape[-1]]
             with torch.no_grad():
-                self.invariant_means_ = fast_warp(
-                    torch.from_numpy(self.invariant_means_).reshape(n, *self.image_shape_),
+                invariant_means = fast_warp(
+                    torch.from_numpy(invariant_means).reshape(n, *self.image_shape_),
                     torch.from_numpy(shifts.astype(np_dtype))).reshape(n, -1).numpy()
-        self.bandwidth_ = sigma.cpu().numpy().astype(np.float64)[sample]
-        self.rho_ = rho.cpu().numpy().astype(np.float64)[sample]
+        out["invariant_means_"] = invariant_means
+        out["alignments_"] = alignments
+        out["bandwidth_"] = rows.to_samples(sigma.cpu().numpy().astype(np.float64))
+        out["rho_"] = rows.to_samples(rho.cpu().numpy().astype(np.float64))
         # predict votes among the nearest fitted samples, as KNeighborsClassifier does
         # (the input as validated and centred, filtered again by predict)
-        self._fit_X = X2
+        out["_fit_X"] = X2
         # the samples each attended to, as indices of the input (a representative's original)
-        original = first[rep_u]
-        self.neighbors_ = np.concatenate(
-            [np.arange(n)[:, None], original[idx.cpu().numpy()][sample]], 1)
-        self.attention_weights_ = W.cpu().numpy().astype(np.float64)[sample]
-        self.history_ = [float(h) for h in history]
-        self.n_iter_ = len(history)
-        self._log(f"done: {self.n_clusters_} clusters in {time.perf_counter() - t0:.1f} s")
-        return self
+        out["neighbors_"] = np.concatenate(
+            [np.arange(n)[:, None], rows.to_samples(rows.original(idx.cpu().numpy()))], 1)
+        out["attention_weights_"] = rows.to_samples(W.cpu().numpy().astype(np.float64))
+        out["history_"] = [float(h) for h in history]
+        out["n_iter_"] = len(history)
+        return out
 
     def _plan(self, n, grid, k, device, *, purpose="samples", n_queries=None):
         """The search plan of ``n_queries`` (None: ``n``, a self-search) against ``n``
@@ -551,18 +582,20 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                                 self_search=n_queries is None)
 
     def _search(self, Xt, grid, k):
-        """The invariant kNN graph of ``Xt`` (each sample left out of its own list), by the
-        plan recorded in ``search_plan_``."""
-        self.search_plan_ = self._plan(Xt.shape[0], grid, k, Xt.device)
-        return knn_search(Xt, Xt, grid, k, plan=self.search_plan_, batch_size=self.batch_size,
-                          exclude=torch.arange(Xt.shape[0], device=Xt.device),
-                          client=self.client)
+        """``(plan, (D, idx, P))``: the invariant kNN graph of ``Xt`` (each sample left out of
+        its own list) and the plan it was searched by."""
+        plan = self._plan(Xt.shape[0], grid, k, Xt.device)
+        return plan, knn_search(Xt, Xt, grid, k, plan=plan, batch_size=self.batch_size,
+                                exclude=torch.arange(Xt.shape[0], device=Xt.device),
+                                client=self.client)
 
-    def _search_representatives(self, Xt, rep, found, grid, k):
-        """The kNN graph of the representatives ``Xt`` (rows ``rep`` of the images whose graph
-        ``found`` is): a row whose ``k`` nearest were all representatives keeps them (they are
-        its ``k`` nearest among the representatives too); the others are searched again. All
-        rows are searched again when every row lost a neighbour (a data set stored twice)."""
+    def _search_representatives(self, Xt, rep, found, grid, k, plan=None):
+        """``(plan, (D, idx, P))``: the kNN graph of the representatives ``Xt`` (rows ``rep``
+        of the images whose graph ``found`` is, searched by ``plan``): a row whose ``k``
+        nearest were all representatives keeps them (they are its ``k`` nearest among the
+        representatives too); the others are searched again. All rows are searched again,
+        with a plan of their own, when every row lost a neighbour (a data set stored
+        twice)."""
         D, idx, P = found
         dev = Xt.device
         m = Xt.shape[0]
@@ -575,41 +608,43 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             return self._search(Xt, grid, k)
         D, idx, P = D[keep, :k].clone(), mapped, P[keep, :k].clone()
         if len(redo):
-            plan = self._plan(m, grid, k, dev, n_queries=len(redo))
+            plan_redo = self._plan(m, grid, k, dev, n_queries=len(redo))
             D[redo], idx[redo], P[redo] = knn_search(
-                Xt[redo], Xt, grid, k, plan=plan, batch_size=self.batch_size, exclude=redo,
+                Xt[redo], Xt, grid, k, plan=plan_redo, batch_size=self.batch_size, exclude=redo,
                 client=self.client)
-        return D, idx, P
+        return plan, (D, idx, P)
 
-    def _near_duplicates_pose(self, Xt, Xown, M, centers, labels, core, own):
-        """The means and alignments of the near duplicates ``own`` (their own images ``Xown``;
-        their representatives are rows ``core[own]`` of the representatives ``Xt`` and of
-        their means ``M``): a near duplicate takes its representative's mean warped into
-        its own pose, and its own alignment onto its cluster's centre. ``(None, None)``
-        without any."""
+    def _near_duplicates_pose(self, Xt, Xown, M, centers, labels, rows):
+        """The means and alignments of the near duplicates ``rows.own`` (their own images
+        ``Xown``; their representatives are rows of the representatives ``Xt`` and of their
+        means ``M``): a near duplicate takes its representative's mean warped into its own
+        pose, and its own alignment onto its cluster's centre. ``(None, None)`` without
+        any."""
+        own = rows.own
         if own.size == 0:
             return None, None
         grid = self._grid(refine=False)
         dev = Xt.device
-        reps = torch.as_tensor(core[own], device=dev)
+        reps = torch.as_tensor(rows.row_of_distinct[own], device=dev)
         one_each = torch.arange(len(own), device=dev)
         # the representative warped onto the near duplicate (its pose), then the near duplicate
         # onto its centre
         _, _, to_own = candidate_search(Xown, Xt, reps[:, None], grid, k=1,
                                         batch_size=self.batch_size)
         Mown = fast_warp(M[reps], to_own[:, 0].to(M.dtype))
-        C = centers[torch.as_tensor(labels[core[own]], device=dev)]
+        C = centers[torch.as_tensor(labels[rows.row_of_distinct[own]], device=dev)]
         _, _, onto = candidate_search(C, Xown, one_each[:, None], grid, k=1,
                                       batch_size=self.batch_size)
         _, p = refine_pairs(C, Xown, one_each, one_each, onto[:, 0], self._grid(self.refine))
         return self._unframed(Mown).reshape(len(own), -1).cpu().numpy(), p.cpu().numpy()
 
-    def _noise_is_material(self, Xt):
-        """Whether the measured noise is a material part of the images: ``noise_std_`` at
-        least ``NOISY_FRACTION`` of the standard deviation of the (filtered) images ``Xt``."""
-        if self.filter_.is_identity or Xt.numel() == 0:
+    def _noise_is_material(self, Xt, filt):
+        """Whether the measured noise is a material part of the images: the noise ``filt``
+        measured at least ``NOISY_FRACTION`` of the standard deviation of the (filtered)
+        images ``Xt``."""
+        if filt.is_identity or Xt.numel() == 0:
             return False
-        return self.noise_std_ >= NOISY_FRACTION * float(self._unframed(Xt).std())
+        return float(filt.noise_std_) >= NOISY_FRACTION * float(self._unframed(Xt).std())
 
     def _refined_edges(self, Xt, D, idx, P):
         """A function that returns the distances of the kNN graph ``(D, idx)`` continuously
@@ -627,13 +662,18 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             return _finite_dist(flat.reshape(m, k))
         return refined
 
-    def _group(self, D, idx, M, grid, k, seed, tol_modes, count_means=False, refined=None):
-        """Labels (largest cluster first) from the samples' graph ``(D, idx)``, the means'
-        graph, or their union (see ``graph``); and the distances of the graph that ranks each
-        cluster's densest member. ``tol_modes``: the edge length within which two converged
-        means are one mode (a tensor, used by ``n_clusters=None``); ``count_means``: whether
-        the means' graph may count (``n_clusters=None`` on images whose measured noise is
-        material, :meth:`_noise_is_material`)."""
+    def _group(self, Xt, knn, M, grid, seed, tol_modes, count_means):
+        """The grouping (:class:`_Grouped`: labels, largest cluster first) of the samples'
+        kNN graph ``knn = (D, idx, P)`` of the images ``Xt``, the graph of their converged
+        means ``M``, or their union (see ``graph``), with the distances of the graph that ranks
+        each cluster's densest member. ``tol_modes``: the edge length within which two
+        converged means are one mode (a tensor, used by ``n_clusters=None``);
+        ``count_means``: whether the means' graph may count (``n_clusters=None`` on images
+        whose measured noise is material, :meth:`_noise_is_material`)."""
+        D, idx, P = knn
+        k = self._k(Xt.shape[0])
+        # the refined distances of the samples' graph, computed only where a count tests them
+        refined = self._refined_edges(Xt, D, idx, P) if self.refine else None
         idx_m = dist_m = modes = means_edges = refined_means = None
         Dg = D
         graph = self.graph
@@ -695,13 +735,13 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                 batch_size=self.batch_size, client=self.client)
             return parts, nodes, idx_c.cpu().numpy(), _finite_dist(Dc)
 
-        labels, self.graph_, self.count_rule_, separation = group(
+        labels, graph, count_rule, separation = group(
             idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m, self.n_clusters, graph,
             self.grouping, seed, modes, means_edges, connect=connect if k > 0 else None,
             refined=refined if self.n_clusters is None and k > 0 else None,
             refined_means=refined_means)
-        self.separation_ = None if separation is None else float(separation)
-        return _relabel_by_size(labels), Dg
+        return _Grouped(_relabel_by_size(labels), Dg, graph, count_rule,
+                        None if separation is None else float(separation))
 
     def fit_predict(self, X, y=None):
         """Fit and return ``labels_``."""
@@ -777,6 +817,98 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         tags.non_deterministic = False
         return tags
 
+
+class _Grouped(NamedTuple):
+    """What the grouping stage gives: the labels of the fit's rows (largest cluster first),
+    the squared distances of the grouped graph (each cluster's densest member), and the
+    ``graph_``, ``count_rule_`` and ``separation_`` it reports."""
+
+    labels: np.ndarray
+    distances: torch.Tensor
+    graph: str
+    count_rule: str
+    separation: float | None
+
+
+@dataclass
+class _Rows:
+    """How the samples map to the rows the fit works on, and back.
+
+    The fit works on the distinct images, in an order set by their content
+    (``distinct_samples``: the sample each one is; ``inverse``: each sample's distinct image),
+    and of those on one representative of each group of near duplicates
+    (``representatives``: the distinct images kept, increasing; ``row_of_distinct``: each
+    distinct image's row among them, its representative's for a near duplicate; ``own``: the
+    near duplicates, which keep their own pose). Without near duplicates every distinct image
+    is a row.
+    """
+
+    distinct_samples: np.ndarray
+    inverse: np.ndarray
+    representatives: np.ndarray
+    row_of_distinct: np.ndarray
+    own: np.ndarray
+
+    @classmethod
+    def distinct(cls, X2):
+        """The rows of the distinct rows of ``X2``, in an order set by their content."""
+        first, inverse = unique_in_canonical_order(X2)
+        return cls(first, inverse, np.arange(len(first)), np.arange(len(first)),
+                   np.zeros(0, np.int64))
+
+    def reordered(self, order):
+        """The distinct images taken in ``order`` (before any representative is chosen)."""
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        return replace(self, distinct_samples=self.distinct_samples[order],
+                       inverse=rank[self.inverse])
+
+    def with_representatives(self, dup):
+        """The rows once each distinct image ``i`` is represented by ``dup[i]`` (itself, or
+        the distinct image it is a near duplicate of)."""
+        rep = np.unique(dup)
+        core = np.zeros(self.n_distinct, dtype=np.int64)
+        core[rep] = np.arange(len(rep))
+        return replace(self, representatives=rep, row_of_distinct=core[dup],
+                       own=np.flatnonzero(dup != np.arange(len(dup))))
+
+    @property
+    def n_samples(self):
+        return len(self.inverse)
+
+    @property
+    def n_distinct(self):
+        return len(self.distinct_samples)
+
+    @property
+    def n_rows(self):
+        return len(self.representatives)
+
+    @cached_property
+    def rows_of_samples(self):
+        """Each sample's row in the fit's arrays."""
+        return self.row_of_distinct[self.inverse]
+
+    def counts(self, Xt):
+        """The samples each row stands for (a tensor like ``Xt``'s), None where each stands
+        for one: a representative of duplicates weighs as all its copies."""
+        if self.n_rows >= self.n_samples:
+            return None
+        return torch.as_tensor(np.bincount(self.rows_of_samples, minlength=self.n_rows),
+                               device=Xt.device, dtype=Xt.dtype)
+
+    def to_samples(self, values, own_values=None):
+        """Each sample's row of ``values`` (one per row); with ``own_values`` (one per near
+        duplicate, in the order of ``own``), a near duplicate's own row instead."""
+        if own_values is None:
+            return values[self.rows_of_samples]
+        return _per_sample(values, self.rows_of_samples,
+                           _rows_of(self.own, self.n_distinct, self.inverse), own_values)
+
+    def original(self, row_indices):
+        """Indices of rows (such as the kNN graph's neighbours) as samples of the input: each
+        row's representative's original."""
+        return self.distinct_samples[self.representatives][row_indices]
 
 _GATHER_ROWS = 4096
 

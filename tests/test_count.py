@@ -839,7 +839,7 @@ def test_representatives_graph_repairs_only_the_rows_that_lost_a_neighbour(n_dup
     assert rep is not None and len(np.unique(rep)) == 40
     keep = np.unique(rep)
     Xt = X[torch.as_tensor(keep)]
-    D, idx, P = est._search_representatives(Xt, keep, found, grid, k)
+    _, (D, idx, P) = est._search_representatives(Xt, keep, found, grid, k)
     D0, idx0, P0 = grid_search(Xt, Xt, grid, k=k, exclude=torch.arange(len(keep)))
     assert torch.equal(idx, idx0)
     assert torch.allclose(D, D0, rtol=1e-5, atol=1e-5) and torch.allclose(P, P0)
