@@ -105,7 +105,7 @@ def test_benchmark_tables_come_from_committed_json(tmp_path):
     results = ROOT / "benchmarks" / "results"
     assert not [n for n in names if not (results / f"{n}.json").is_file()]
     spec = importlib.util.spec_from_file_location(
-        "make_readme_tables", ROOT / "benchmarks" / "make_readme_tables.py")
+        "make_tables", ROOT / "benchmarks" / "make_tables.py")
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
     written = set(tables.write_includes(tmp_path))

@@ -49,13 +49,15 @@ def test_headline_table_is_generated_from_the_json():
     assert text.count("<!-- /bench:headline -->") == 1
     assert set(re.findall(r"<!-- bench:([\w-]+) -->", text)) == {"headline"}
     spec = importlib.util.spec_from_file_location(
-        "make_readme_tables", ROOT / "benchmarks" / "make_readme_tables.py")
+        "make_tables", ROOT / "benchmarks" / "make_tables.py")
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
     block = text.split("<!-- bench:headline -->\n", 1)[1].split("\n<!-- /bench:headline -->")[0]
     assert block == tables.headline(), \
-        "out of date: python benchmarks/make_readme_tables.py --update README.md"
+        "out of date: python benchmarks/make_tables.py --update README.md"
     assert block.count("](benchmarks/results/") >= 5
+    # every headline figure is read from a committed JSON: none of the rows was left out
+    assert block.count("\n| ") == len(tables.HEADLINE) + 1
 
 
 def test_readme_is_short():
@@ -75,25 +77,34 @@ def test_no_internal_rounds_in_user_facing_text():
 
 
 def test_tables_script_updates_markers(tmp_path):
+    """The script rewrites a marked block with the table of one JSON's rows (the schema: data,
+    method, metric, value, machine, date), one line per method and one column per metric."""
     import json
     import subprocess
     import sys
 
     results = tmp_path / "results"
     results.mkdir()
+    row = {"data": "rotated45 (n = 100)", "machine": "2 CPU cores", "date": "2026-01-02"}
     (results / "clustering.json").write_text(json.dumps({
-        "benchmark": "clustering",
-        "env": {"cpu_count": 2, "torch_threads": 2},
-        "rows": [{"variant": "rotated45", "n": 100, "method": "k-means (pixels)", "acc": 0.5,
-                  "ari": 0.3, "nmi": 0.4, "seconds": 1.0}],
-    }))
+        "benchmark": "clustering", "command": "python benchmarks/bench_clustering.py",
+        "table": [{**row, "method": "k-means (pixels)", "metric": "ACC", "value": 0.5},
+                  {**row, "method": "k-means (pixels)", "metric": "seconds", "value": 1.25},
+                  {**row, "method": "invariant attention", "metric": "ACC", "value": 0.9}]}))
     readme = tmp_path / "README.md"
     readme.write_text("a\n<!-- bench:clustering -->\nold\n<!-- /bench:clustering -->\nb\n")
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_readme_tables.py"),
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_tables.py"),
                            "--results", str(results), "--update", str(readme)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     new = readme.read_text()
     assert "old" not in new and new.startswith("a\n") and new.endswith("b\n")
-    assert "| k-means (pixels) | 0.500 | 0.400 | 0.300 | 1.000 |" in new  # ACC, NMI, ARI, s
-    assert "2 CPU cores" in new
+    assert "| method | ACC | seconds |" in new
+    assert "| k-means (pixels) | 0.5 | 1.25 |" in new
+    assert "| invariant attention | 0.9 |  |" in new
+    assert "2 CPU cores, 2026-01-02" in new and "bench_clustering.py" in new
+
+
+def test_tables_script_is_short():
+    lines = (ROOT / "benchmarks" / "make_tables.py").read_text().splitlines()
+    assert len(lines) < 300

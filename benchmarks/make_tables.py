@@ -1,0 +1,299 @@
+"""The benchmark tables of the README and the documentation, from the JSON in ``results/``.
+
+Every table is made from rows of one schema, ``{"data", "method", "metric", "value",
+"machine", "date"}``: a JSON file's ``"table"`` list (written by the benchmark through
+``_common.write_result``), or, for a file without one, rows derived from its ``"rows"``
+records. One table per data set: a line per method, a column per metric, then the machines and
+dates the numbers were measured on and the command where the JSON records it. The README's
+headline table picks single rows out of several files (``HEADLINE`` below), each linked to its
+JSON and to the benchmarks page.
+
+    python benchmarks/make_tables.py                       # print every table (markdown)
+    python benchmarks/make_tables.py --update README.md    # rewrite the marked blocks
+    python benchmarks/make_tables.py --rst docs/_generated # the documentation's includes
+
+A block ``<!-- bench:NAME -->`` ... ``<!-- /bench:NAME -->`` in a markdown file is replaced by
+the table of ``results/NAME.json`` (``headline``: the headline table); the documentation
+includes ``docs/_generated/bench_NAME.inc``, which ``docs/_ext/bench_tables.py`` writes at
+every build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DOCS_PAGE = "docs/benchmarks.rst"
+FIELDS = ("data", "method", "metric", "value", "machine", "date")
+# the fields of a record that name its data set when a JSON has no "table" of its own
+DATA_KEYS = ("variant", "dataset", "data", "kind", "row", "n", "snr", "ctf", "shift", "sigma")
+
+
+def fmt(value) -> str:
+    """A cell: numbers to four significant digits, booleans as yes / no, text as it is."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value:
+            return "n/a"
+        return f"{value:.2e}" if value and not 1e-3 <= abs(value) < 1e5 else f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def machine(result) -> str:
+    env = result.get("env") or result.get("environment") or {}
+    cores = f"{env['cpu_count']} CPU cores" if env.get("cpu_count") else None
+    if env.get("cuda"):
+        return ", ".join(x for x in (env["cuda"], cores) if x)
+    return cores or "CPU"
+
+
+def derived_rows(result) -> list[dict]:
+    """Rows of the schema from a JSON's ``rows`` records: the record's ``method``, its data-set
+    fields joined as the data, and each other number a metric."""
+    env = result.get("env") or result.get("environment") or {}
+    out = []
+    for rec in result.get("rows", []) if isinstance(result.get("rows"), list) else []:
+        if not isinstance(rec, dict):
+            continue
+        data = ", ".join(f"{k} {rec[k]}" for k in DATA_KEYS if rec.get(k) not in (None, ""))
+        for key, value in rec.items():
+            if key in DATA_KEYS or key == "method" or not isinstance(value, (int, float)):
+                continue
+            out.append({"data": data or result.get("benchmark", ""),
+                        "method": str(rec.get("method", "")), "metric": key, "value": value,
+                        "machine": machine(result), "date": env.get("date", "")})
+    return out
+
+
+def rows(result) -> list[dict]:
+    return result["table"] if isinstance(result.get("table"), list) else derived_rows(result)
+
+
+def load(results_dir, name):
+    path = Path(results_dir) / f"{name}.json"
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return result if isinstance(result, dict) else None
+
+
+def pivot(table):
+    """``[(data, metrics, [(method, {metric: value})])]`` in the order the rows come."""
+    groups: dict = {}
+    for row in table:
+        metrics, methods = groups.setdefault(row["data"], ({}, {}))
+        metrics.setdefault(row["metric"], None)
+        methods.setdefault(row["method"], {})[row["metric"]] = row["value"]
+    return [(data, list(metrics), list(methods.items()))
+            for data, (metrics, methods) in groups.items()]
+
+
+def footer(result, table) -> str:
+    where = sorted({(r.get("machine") or "", r.get("date") or "") for r in table})
+    line = "Measured on " + "; ".join(", ".join(x for x in w if x) for w in where) + "."
+    if isinstance(result.get("command"), str):
+        line += f" Command: ``{result['command']}``."
+    return line
+
+
+def markdown(name, result) -> str:
+    table = rows(result)
+    out = [f"_From `benchmarks/results/{name}.json`._", ""]
+    for data, metrics, methods in pivot(table):
+        out += [f"**{data}**", "", "| method | " + " | ".join(metrics) + " |",
+                "| --- |" + " ---: |" * len(metrics)]
+        out += ["| " + " | ".join([method] + [fmt(vals.get(m)) for m in metrics])
+                .replace("\n", " ") + " |" for method, vals in methods]
+        out.append("")
+    out.append(footer(result, table).replace("``", "`"))
+    return "\n".join(out)
+
+
+def _rst_cell(text) -> str:
+    text = str(text).replace("\\", "\\\\").replace("`", "'").replace("*", "\\*")
+    return text.replace("|", "\\|").replace("_ ", "\\_ ") or ".."
+
+
+def rst(name, result) -> str:
+    table = rows(result)
+    out = [f"From ``benchmarks/results/{name}.json``.", ""]
+    for data, metrics, methods in pivot(table):
+        out += [f"**{_rst_cell(data)}**", "", ".. list-table::", "   :header-rows: 1", ""]
+        for cells in [["method", *metrics],
+                      *([method] + [fmt(vals.get(m)) for m in metrics]
+                        for method, vals in methods)]:
+            out.append(f"   * - {_rst_cell(cells[0])}")
+            out += [f"     - {_rst_cell(c)}" for c in cells[1:]]
+        out.append("")
+    out.append(footer(result, table))
+    return "\n".join(out) + "\n"
+
+
+# The README's headline rows: (task, measure, anchor on the benchmarks page, the figures of
+# ours, the baselines'). A figure is (JSON name, data, method, metric, template); the template
+# formats the value ``v``.
+SEC = "seconds against n; exponent: the slope of log seconds against log n"
+COUNT = ("Copy sets with the exact count and ARI >= 0.95", "all 150 (largest count error)")
+GPU = "fashion, Fashion-MNIST train + test, n 70000"
+CRYO = ("cryoem_ctf", "snr 1.0, ctf True, shift 0.0")
+OURS = ("ours: class_averages(72 angles, mirrors, DihedralPCA('auto', output_size=32), "
+        "rotation_center='fourier', ctf, ctf_groups=4, snr='auto'), k=10")
+HEADLINE = [
+    ("10,000 MNIST test digits rotated within ±45°", "ACC (fit seconds)",
+     "clustering-rotated-mnist-and-fashion-mnist",
+     [("clustering", "rotated45 (n = 10000)", "invariant attention", "ACC", "{v:.3f}"),
+      ("clustering", "rotated45 (n = 10000)", "invariant attention", "seconds", "({v:.0f} s)")],
+     [("clustering", "rotated45 (n = 10000)", "k-means (pixels)", "ACC", "k-means {v:.3f};"),
+      ("clustering", "rotated45 (n = 10000)", "kNN + UMAP + k-means", "ACC",
+       "invariant kNN -> umap-learn -> k-means {v:.3f}"),
+      ("clustering", "rotated45 (n = 10000)", "kNN + UMAP + k-means", "seconds", "({v:.0f} s)")]),
+    ("The same with Gaussian noise of std 0.8 (mean of 3 seeds)", "ACC", "noisy-rotated-mnist",
+     [("noise_filter_10000", "grouping (ACC, mean of 3 seeds, n = 10,000)",
+       "estimator (default grouping)", "sigma 0.8", "{v:.3f}")],
+     [("noise_filter_10000", "grouping (ACC, mean of 3 seeds, n = 10,000)", "leiden (samples)",
+       "sigma 0.8", "Leiden on the invariant kNN graph {v:.3f}")]),
+    ("All 70,000 Fashion-MNIST images", "ACC (fit seconds)", "the-invariant-knn-graph",
+     [("scaling_fashion70k", "Fashion-MNIST train + test", "InvariantAttentionClusterer, n=70000",
+       "ACC", "{v:.3f}"),
+      ("scaling_fashion70k", SEC, "InvariantAttentionClusterer", "n = 70000", "({v:.0f} s)")],
+     [("scaling_fashion70k", "Fashion-MNIST train + test",
+       "umap-learn -> k-means (pixels), n=70000", "ACC", "umap-learn -> k-means {v:.3f};"),
+      ("scaling_fashion70k", "Fashion-MNIST train + test", "k-means (pixels), n=70000", "ACC",
+       "k-means {v:.3f}")]),
+    ("All 70,000 Fashion-MNIST images on one GPU", "fit seconds", "scaling-on-a-gpu",
+     [("gpu", GPU, "default (second fit)", "seconds", "{v:.1f} s,"),
+      ("gpu", GPU, "default (first fit in process)", "seconds",
+       "the first fit in a process {v:.1f} s"),
+      ("gpu", "fresh, " + GPU[9:], "new empty folders, fit-first", "first_fit_s",
+       "({v:.1f} s on a fresh machine), ACC"),
+      ("gpu", GPU, "default (second fit)", "acc", "{v:.3f};"),
+      ("gpu", "transformer, n 70000", "default", "seconds",
+       "`InvariantKNeighborsTransformer` {v:.1f} s")],
+     [("scaling_fashion70k", SEC, "InvariantAttentionClusterer", "n = 70000",
+       "the same fit on 2 CPU cores {v:.0f} s")]),
+    ("Cryo-EM: 2,000 simulated 64 x 64 projections with a CTF, SNR 1",
+     "detail correlation of the averages with the projections without CTF (seconds)",
+     "cryo-em-with-a-ctf-against-aspire-s-denoiser",
+     [(*CRYO, OURS, "corr_detail", "{v:.3f}"), (*CRYO, OURS, "seconds", "({v:.0f} s)")],
+     [(*CRYO, "ASPIRE DenoiserCov2D (FFBBasis2D, true noise variance)", "corr_detail",
+       "ASPIRE DenoiserCov2D {v:.3f}"),
+      (*CRYO, "ASPIRE DenoiserCov2D (FFBBasis2D, true noise variance)", "seconds",
+       "({v:.0f} s)")]),
+    ("The same: each image's 10 nearest neighbours", "share within 10° of the view (seconds)",
+     "cryo-em-with-a-ctf-against-aspire-s-denoiser",
+     [(*CRYO, OURS, "nbr10", "{v:.3f}"),
+      (*CRYO, OURS, "seconds", "({v:.0f} s, with the averages)")],
+     [(*CRYO, "ASPIRE RIRClass2D neighbours (phase-flipped)", "nbr10",
+       "ASPIRE RIRClass2D {v:.3f}"),
+      (*CRYO, "ASPIRE RIRClass2D neighbours (phase-flipped)", "seconds_neighbors",
+       "({v:.0f} s)")]),
+    ("Counting clusters: 150 sets of rotated copies",
+     "sets with the exact count and ARI >= 0.95 (largest count error)", "how-many-clusters",
+     [("count", *COUNT, "`n_clusters=None`", "{v}, the shapes of seed 0; seeds 1-6:"),
+      *((f"count_draws_seed{s}", *COUNT, "`n_clusters=None`", "{v}" + ("," if s < 6 else ""))
+        for s in range(1, 7))],
+     [("count", *COUNT, "HDBSCAN on `invariant_distances`",
+       "HDBSCAN on `invariant_distances` {v}")]),
+    ("Aligning image pairs (36 rot x 1 shifts)", "pairs per second", "alignment-search",
+     [("alignment", "image pairs (MNIST digits)", "36 rot x 1 shifts",
+       "ours, same pairs (pairs/s)", "{v:.2g}"),
+      ("alignment", "image pairs (MNIST digits)", "36 rot x 1 shifts",
+       "speed-up (same pairs / at scale)", "(speed-up {v})")],
+     [("alignment", "image pairs (MNIST digits)", "36 rot x 1 shifts",
+       "per-pair kornia (pairs/s)", "kornia, one pair at a time: {v:.2g}")]),
+]
+
+
+def _figure(results_dir, name, data, method, metric, template):
+    result = load(results_dir, name)
+    for row in rows(result) if result else []:
+        if (row["data"], row["method"], row["metric"]) == (data, method, metric):
+            return template.format(v=row["value"]), row
+    raise LookupError(f"results/{name}.json has no row {data!r} / {method!r} / {metric!r}")
+
+
+def headline(results_dir=RESULTS) -> str:
+    """The README's table of headline figures, each linked to its JSON and the docs page."""
+    lines = ["| task | measure | invariant_cluster | baselines | data (measured) | details |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for task, measure, anchor, ours, theirs in HEADLINE:
+        try:
+            a = [_figure(results_dir, *f) for f in ours]
+            b = [_figure(results_dir, *f) for f in theirs]
+        except LookupError as exc:
+            print(f"headline: {exc}", file=sys.stderr)
+            continue
+        name, row = ours[0][0], a[0][1]
+        lines.append(" | ".join([
+            f"| {task}", measure, " ".join(t for t, _ in a), " ".join(t for t, _ in b),
+            f"[`{name}.json`](benchmarks/results/{name}.json) ({row['date']}, {row['machine']})",
+            f"[benchmarks]({DOCS_PAGE}#{anchor}) |"]))
+    return "\n".join(lines)
+
+
+def blocks(results_dir=RESULTS) -> dict[str, str]:
+    out = {p.stem: markdown(p.stem, r) for p in sorted(Path(results_dir).glob("*.json"))
+           if (r := load(results_dir, p.stem)) is not None and rows(r)}
+    out["headline"] = headline(results_dir)
+    return out
+
+
+def update(path, results_dir=RESULTS) -> list[str]:
+    """Rewrite each marked block of the markdown file ``path``; return the names rewritten."""
+    text, done = Path(path).read_text(), []
+    for name in dict.fromkeys(re.findall(r"<!-- bench:([\w-]+) -->", text)):
+        block = blocks(results_dir).get(name)
+        if block is None:
+            print(f"{path}: no table for the block {name!r}", file=sys.stderr)
+            continue
+        pattern = re.compile(rf"(<!-- bench:{name} -->\n).*?(\n<!-- /bench:{name} -->)", re.S)
+        text = pattern.sub(lambda m, b=block: m.group(1) + b + m.group(2), text)
+        done.append(name)
+    Path(path).write_text(text)
+    return done
+
+
+def write_includes(target, results_dir=RESULTS) -> list[str]:
+    """Write ``target/bench_NAME.inc`` for every JSON with rows; return the names written.
+
+    A file is rewritten only when its text changes, so that Sphinx rebuilds only what moved.
+    """
+    target = Path(target)
+    target.mkdir(parents=True, exist_ok=True)
+    names = []
+    for path in sorted(Path(results_dir).glob("*.json")):
+        result = load(results_dir, path.stem)
+        if result is None or not rows(result):
+            continue
+        text, inc = rst(path.stem, result), target / f"bench_{path.stem}.inc"
+        if not inc.exists() or inc.read_text(encoding="utf-8") != text:
+            inc.write_text(text, encoding="utf-8")
+        names.append(path.stem)
+    return names
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", default=str(RESULTS), help="folder of the JSON files")
+    p.add_argument("--update", nargs="+", metavar="FILE", help="markdown files to rewrite")
+    p.add_argument("--rst", metavar="DIR", help="write the includes bench_NAME.inc into DIR")
+    args = p.parse_args(argv)
+    if args.rst:
+        print(f"wrote {len(write_includes(args.rst, args.results))} includes into {args.rst}")
+    for path in args.update or []:
+        print(f"updated {path}: {', '.join(update(path, args.results)) or 'nothing'}")
+    if not (args.rst or args.update):
+        print("\n\n".join(blocks(args.results).values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
