@@ -1,4 +1,10 @@
-"""Shared helpers of the benchmarks: data, metrics, environment, JSON output."""
+"""The benchmarks' shared runner: data, metrics, the machine record, the JSON and its table.
+
+Every benchmark writes its result with :func:`write_json`: the records it measured, the
+machine (``env``), and ``"table"``, the rows that ``make_tables.py`` turns into the README's
+and the documentation's tables, one schema for all (data, method, metric, value, machine,
+date); it then prints a one-line summary.
+"""
 
 from __future__ import annotations
 
@@ -64,10 +70,45 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def write_json(obj, path: Path):
+def machine(env: dict) -> str:
+    """Where the numbers were measured, in the tables' words: the GPU, else the CPU cores."""
+    cores = f"{env['cpu_count']} CPU cores" if env.get("cpu_count") else None
+    if env.get("cuda"):
+        return ", ".join(x for x in (env["cuda"], cores) if x)
+    return cores or "CPU"
+
+
+def table(result: dict, records, data, method, metrics: dict) -> list[dict]:
+    """The table's rows of ``records``: ``data(record)`` and ``method(record)`` name the row,
+    ``metrics`` maps each column's name to a record's key or to a function of the record;
+    missing values are left out."""
+    env = result.get("env") or result.get("environment") or {}
+    out = []
+    for rec in records:
+        for name, get in metrics.items():
+            value = get(rec) if callable(get) else rec.get(get)
+            if value is not None:
+                out.append({"data": data(rec), "method": method(rec), "metric": name,
+                            "value": value, "machine": machine(env),
+                            "date": env.get("date", "")})
+    return out
+
+
+def write_json(obj, path: Path, table_rows=None):
+    """Write the result with its table (``table_rows(obj)``, else rows derived from its
+    records by ``make_tables.derived_rows``) and print a one-line summary."""
+    from make_tables import derived_rows
+
+    obj = {k: v for k, v in obj.items() if k != "table"}
+    obj["table"] = table_rows(obj) if table_rows is not None else derived_rows(obj)
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2) + "\n")
-    print(f"wrote {path}")
+    env = obj.get("env") or obj.get("environment") or {}
+    print(f"{obj.get('benchmark', path.stem)}: {len(obj['table'])} figures "
+          f"({len({r['data'] for r in obj['table']})} tables) on {machine(env)}, "
+          f"{env.get('date', 'undated')}: wrote {path}")
+    return obj
 
 
 def print_table(rows, columns):

@@ -20,7 +20,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-from _common import RESULTS, environment, load_mnist_test, print_table, write_json  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS,
+    environment,
+    load_mnist_test,
+    print_table,
+    table,
+    write_json,
+)
 
 from invariant_cluster import invariant_distances, warp_se2  # noqa: E402
 from invariant_cluster.alignment import make_search_grid  # noqa: E402
@@ -84,6 +91,19 @@ def run(args):
     return {"benchmark": "alignment", "env": environment(), "args": vars(args), "rows": rows}
 
 
+def table_rows(result):
+    """One table: a line per grid of transformations."""
+    n = result["rows"][0].get("n_large", "n") if result.get("rows") else "n"
+    return table(result, result.get("rows", []), lambda r: "image pairs (MNIST digits)",
+                 lambda r: r["grid"],
+                 {"per-pair kornia (pairs/s)": "per_pair_rate",
+                  "ours, same pairs (pairs/s)": "ours_rate_same",
+                  f"ours, {n} x {n} (pairs/s)": "ours_rate_large",
+                  "speed-up (same pairs / at scale)":
+                      lambda r: f"{r['speedup_same']:.0f}x / {r['speedup_rate']:.0f}x",
+                  "max rel. difference": "max_rel_diff"})
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=None, help="folder with the MNIST test split")
@@ -97,7 +117,7 @@ def main(argv=None):
         args.n_ref, args.n_large, args.n_rotations = 6, 60, 8
     torch.set_num_threads(max(1, torch.get_num_threads()))
     result = run(args)
-    write_json(result, __import__("pathlib").Path(args.out))
+    write_json(result, __import__("pathlib").Path(args.out), table_rows)
     return result
 
 

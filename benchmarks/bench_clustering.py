@@ -53,6 +53,7 @@ from _common import (  # noqa: E402
     peak_rss_mb,
     print_table,
     scores,
+    table,
     write_json,
 )
 
@@ -224,6 +225,18 @@ def run_estimator_only(args):
     return result
 
 
+def table_rows(result):
+    """The tables: one per data set, a line per method."""
+    def iterations(r):
+        if r.get("n_iter") is not None:
+            return f"{r['n_iter']} ({'yes' if r.get('converged') else 'no'})"
+    return table(result, result.get("rows", []), lambda r: f"{r['variant']} (n = {r['n']})",
+                 lambda r: r["method"],
+                 {"ACC": "acc", "NMI": "nmi", "ARI": "ari", "seconds": "seconds",
+                  "process peak RSS (MB)": "peak_rss_mb", "clusters": "n_clusters_found",
+                  "iterations (converged)": iterations})
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=None, help="folder with the MNIST/Fashion-MNIST test splits")
@@ -244,7 +257,7 @@ def main(argv=None):
     for spec in rows_spec:
         variant, n = spec.split(":")
         result["rows"] += run_row(variant, int(n), args.seed, args.data)
-        write_json(result, out)  # after every row: a long run keeps what it measured
+        write_json(result, out, table_rows)  # after every row: a long run keeps it
     print()
     print_table(result["rows"], ["variant", "n", "method", "acc", "nmi", "ari", "seconds",
                                  "peak_rss_mb"])

@@ -68,8 +68,16 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, environment, load_mnist_test, print_table, write_json  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS,
+    environment,
+    load_mnist_test,
+    print_table,
+    table,
+    write_json,
+)
 from bench_clustering import VARIANTS, make_variant  # noqa: E402
+from make_tables import derived_rows  # noqa: E402
 
 from invariant_cluster import InvariantAttentionClusterer  # noqa: E402
 
@@ -516,6 +524,58 @@ def duplicate_rows(X, y, search, seed, base, fractions=(), jitters=()):
 # ----------------------------------------------------------------------------------------- run
 
 
+NAMES = {"estimator": "`n_clusters=None`", "estimator_center": "`n_clusters=None, center=True`",
+         "estimator_no_center": "`n_clusters=None, center=False`",
+         "hdbscan_invariant": "HDBSCAN on `invariant_distances`",
+         "leiden_modularity": "Leiden (modularity) on the kNN graph",
+         "hdbscan_umap": "HDBSCAN on umap-learn's layout"}
+KIND_NAMES = {"digits8": "8 x 8 digits", "mnist_rot": "MNIST digits",
+              "mnist_shift": "MNIST digits, shifts within ±2 px"}
+DUPLICATES = {"doubled_ari_first_half_vs_single": "stored twice",
+              "near_ari_first_half_vs_single": "with a copy jittered by 1e-4",
+              "jittered_ari_vs_single": "jittered by 1e-4, alone",
+              "near_ari_first_half_vs_jittered": "the stacked fit against the jittered alone",
+              "rot90_ari_first_half_vs_single": "with its quarter turns",
+              "permuted_ari_vs_single": "permuted"}
+
+
+def table_rows(result):
+    """The copy sets counted right (exact count, ARI >= 0.95) per kind of set and method;
+    the duplicates' ARI against the fit of the data as it is; else each natural set's fits."""
+    summary = [x for x in result.get("summary", []) if x.get("noise") == "all"]
+    if not summary:
+        natural = [x for x in result.get("duplicates", []) if x.get("copies") is None]
+        if natural:
+            return table(result, natural, lambda r: "ARI against the fit of the data as it is",
+                         lambda r: f"{r['set']}, n_clusters={r['n_clusters']}",
+                         {name: key for key, name in DUPLICATES.items()})
+        return derived_rows(result, ("set",), ("method",), ("kind", "copies", "noise", "seed",
+                            "n", "k", "error", "count_error", "n_clusters_", "center"))
+    sets = {x["kind"]: x["sets"] for x in summary}
+    kinds = {k: f"all {n} (largest count error)" if k == "all"
+             else f"{KIND_NAMES.get(k, k)} ({n} sets)" for k, n in sets.items()}
+    data = "Copy sets with the exact count and ARI >= 0.95"
+    rows = []
+    for m in dict.fromkeys(x["method"] for x in summary):
+        mine = [x for x in summary if x["method"] == m]
+        rows += table(result, mine, lambda r: data, lambda r: kinds[r["kind"]], {
+            NAMES.get(m, m): lambda r: (f"{r['exact']} ({r['max_abs_count_error']})"
+                                        if r["kind"] == "all" else r["exact"])})
+    everyone = [x for x in summary if x["kind"] == "all"]
+    for key, label in (("separated", "sets whose groups the distances separate"),
+                       ("resolved", "sets with no two shapes closer than two noisy copies")):
+        if all(x.get(f"{key}_sets") is not None for x in everyone) and (
+                key == "resolved" or any(r.get("true_separation") is not None
+                                         for r in result.get("rows", []))):
+            rows += table(result, everyone, lambda r: data,
+                          lambda r, label=label: f"{label} (largest count error)",
+                          {NAMES.get(x["method"], x["method"]): (
+                              lambda r, m=x["method"], key=key: None if r["method"] != m else
+                              f"{r[f'exact_{key}']} of {r[f'{key}_sets']} "
+                              f"({r[f'max_abs_count_error_{key}']})") for x in everyone})
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=None, help="folder with the MNIST/Fashion-MNIST test splits")
@@ -559,7 +619,7 @@ def main(argv=None):
 
     def save():
         result["summary"] = summarize(result["rows"])
-        write_json(result, out)
+        write_json(result, out, table_rows)
 
     if not args.no_sweep:
         for kind in args.kinds:

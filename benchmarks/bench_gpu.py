@@ -51,6 +51,12 @@ from _common import (  # noqa: E402
     scores,
     write_json,
 )
+from make_tables import derived_rows  # noqa: E402
+
+
+def table_rows(result):
+    """One table per measurement (the row's kind, its data and size), a line per path."""
+    return derived_rows(result, ("row", "data", "n"), ("path", "caches", "order"))
 
 
 def _sync(device):
@@ -224,7 +230,7 @@ def main(argv=None):
     def add(row):
         rows.append(row)
         print_table([row], [k for k in row if k not in ("plan",)])
-        write_json(result, out)
+        write_json(result, out, table_rows)
 
     X, y, source = fashion(args)
     n = len(X)

@@ -31,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, environment, print_table, scores, write_json  # noqa: E402
+from make_tables import derived_rows  # noqa: E402
 
 
 def copies_of_fashion(n_copies, seed=0):
@@ -100,6 +101,13 @@ class TreeRSS:
         self._thread.join()
 
 
+def table_rows(result):
+    """One table: the fit of the rotated copies, its memory, scores and recall."""
+    return [{**r, "data": f"Fashion-MNIST, rotated copies, {r['data']}",
+             "method": "InvariantAttentionClusterer"}
+            for r in derived_rows(result, ("n", "copies"), ())]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--copies", type=int, default=3)
@@ -148,7 +156,7 @@ def main(argv=None):
     write_json({"benchmark": "large", "env": environment(), "args": vars(args), "rows": [row],
                 "note": "one fresh process; the machine's other load is in loadavg"},
                RESULTS / (f"large_{n}.json" if args.graph == "auto"
-                          else f"large_{n}_{args.graph}.json"))
+                          else f"large_{n}_{args.graph}.json"), table_rows)
 
 
 if __name__ == "__main__":

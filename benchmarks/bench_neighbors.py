@@ -55,6 +55,7 @@ from _common import (  # noqa: E402
     write_json,
 )
 from bench_scaling import timed  # noqa: E402
+from make_tables import derived_rows  # noqa: E402
 
 from invariant_cluster import InvariantKNeighborsTransformer  # noqa: E402
 from invariant_cluster.datasets import load_fashion_mnist, make_transformed  # noqa: E402
@@ -174,7 +175,8 @@ def main(argv=None):
     if not out.is_absolute() and args.out:
         out = Path(__file__).resolve().parent / out
     write_json({"benchmark": "bench_neighbors", "argv": sys.argv[1:], "k": args.k,
-                "environment": environment(), "results": rows}, out)
+                "environment": environment(), "results": rows}, out,
+               lambda r: derived_rows(r, ("dataset", "n"), records=r["results"]))
 
 
 if __name__ == "__main__":

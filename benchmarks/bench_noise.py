@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, environment, print_table, scores, write_json  # noqa: E402
+from _common import RESULTS, environment, print_table, scores, table, write_json  # noqa: E402
 from bench_clustering import VARIANTS, make_variant  # noqa: E402
 
 from invariant_cluster import InvariantAttentionClusterer  # noqa: E402
@@ -292,50 +292,6 @@ def default_graphs(st):
     return used, st["idx_m"], st["dist_m"]
 
 
-def default_grouping(st, seed):
-    """The default's labels on the shared stages (:func:`default_graphs`, then ``group`` as
-    ``fit`` runs it, fallback included) and the fuzzy graph they were grouped on:
-    ``(labels, graph_used, graph)``."""
-    from invariant_cluster._grouping import _union_graph, group
-
-    used, idx_m, dist_m = default_graphs(st)
-    labels, used, _, _ = group(st["idx"], st["dist"], idx_m, dist_m, 10, used, "leiden", seed)
-    return labels, used, _union_graph(st["idx"], st["dist"], idx_m, dist_m, used, seed)
-
-
-def seeds_main(description, name, run, argv=None, extra=()):
-    """Command line of the benchmarks that compare groupings seed by seed on these stages
-    (``bench_noise_restarts.py``, ``bench_noise_groupings.py``): ``run(args)`` returns the rows
-    (one per sigma and seed, a column per method) and the method columns; their means over the
-    seeds are printed, and everything is written to ``RESULTS/{name}_{n}.json`` or ``--out``.
-    ``extra``: ``(flag, add_argument keywords)`` pairs of the benchmark's own."""
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--n", type=int, default=2000)
-    p.add_argument("--sigmas", type=float, nargs="+", default=[0.5, 0.8])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    for flag, kwargs in extra:
-        p.add_argument(flag, **kwargs)
-    p.add_argument("--data", default=None)
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
-    rows, methods = run(args)
-    summary = seed_summary(rows, args.sigmas, methods)
-    print_table(summary, list(summary[0]))
-    result = {"benchmark": name, "env": environment(), "args": vars(args), "rows": rows,
-              "summary": summary}
-    write_json(result, Path(args.out or RESULTS / f"{name}_{args.n}.json"))
-    return result
-
-
-def seed_summary(rows, sigmas, methods):
-    """Mean and spread over the seeds of each method's ACC column, per sigma (rows holding one
-    column per method, as the restarts' and the groupings' benchmarks write them)."""
-    return [{"sigma": s, "method": m, "seeds": len(rs),
-             "acc": float(np.mean([r[m] for r in rs])),
-             "acc_std": float(np.std([r[m] for r in rs]))}
-            for s in sigmas for rs in [[r for r in rows if r["sigma"] == s]] for m in methods]
-
-
 def run_estimator(X, y, sigma, seed, args, st, fits=True,
                   name="estimator (default grouping)"):
     """The estimator's default grouping on the shared stages (what ``fit`` runs after them:
@@ -403,6 +359,37 @@ def summarise(rows, datasets):
     return out
 
 
+GRAPHS = [("noise_measured", "noise measured"), ("purity_samples", "purity, samples' graph"),
+          ("purity_means", "purity, means' graph"), ("corr_noisy", "corr(noisy, clean)"),
+          ("corr_one_step", "corr(one-step average, clean)"),
+          ("corr_means", "corr(invariant mean, clean)"),
+          ("purity_samples_filtered", "filtered: purity, samples' graph"),
+          ("purity_means_filtered", "filtered: purity, means' graph"),
+          ("corr_one_step_filtered", "filtered: corr(one-step average, clean)"),
+          ("corr_means_filtered", "filtered: corr(invariant mean, clean)")]
+
+
+def table_rows(result):
+    """Two tables: ACC per grouping and noise level (means over the seeds, and the mean
+    seconds), then the graphs' purity and the means' correlation per noise level."""
+    summary = result.get("summary", [])
+    seeds = max((r.get("seeds", 0) for r in summary), default=0)
+    n = next((r["n"] for r in result.get("rows", []) if "n" in r), None)
+    data = f"grouping (ACC, mean of {seeds} seeds" + (f", n = {n:,})" if n else ")")
+    rows = table(result, summary, lambda r: data, lambda r: r["method"],
+                 {f"sigma {s:.1f}": (lambda r, s=s: r["acc"] if r["sigma"] == s else None)
+                  for s in dict.fromkeys(r["sigma"] for r in summary)})
+    methods = {r["method"]: [x["seconds"] for x in summary if x["method"] == r["method"]]
+               for r in summary}
+    rows += table(result, [{"method": m} for m in methods], lambda r: data,
+                  lambda r: r["method"], {"seconds (mean)": lambda r: float(
+                      np.mean(methods[r["method"]]))})
+    first = [next(r for r in summary if r["sigma"] == s)
+             for s in dict.fromkeys(r["sigma"] for r in summary)]
+    return rows + table(result, first, lambda r: "graphs and means per noise level",
+                        lambda r: f"sigma {r['sigma']:.1f}", dict((b, a) for a, b in GRAPHS))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=2000)
@@ -421,7 +408,7 @@ def main(argv=None):
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     result = run(args)
-    write_json(result, Path(args.out or RESULTS / "noise.json"))
+    write_json(result, Path(args.out or RESULTS / "noise.json"), table_rows)
     return result
 
 

@@ -68,6 +68,7 @@ from _common import (  # noqa: E402
     load_mnist_test,
     print_table,
     scores,
+    table,
     write_json,
 )
 
@@ -451,9 +452,13 @@ def run_fashion(args):
                      **scores(y, lab), "loadavg_after": os.getloadavg()})
 
         def umap_kmeans():
-            from invariant_cluster._third_party import import_quietly
-
-            umap = import_quietly("umap")
+            with warnings.catch_warnings():  # umap-learn's import-time noise
+                warnings.simplefilter("ignore")
+                import numba
+                import umap
+            before = torch.get_num_threads()
+            numba.get_num_threads()  # numba's pool started: torch keeps its thread count
+            torch.set_num_threads(before)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 emb = umap.UMAP(n_components=10, n_neighbors=15, min_dist=0.0,
@@ -543,6 +548,29 @@ def run_recall(args):
                   "default_n_candidates": default_n_candidates(K, n)}
 
 
+SECONDS = "seconds against n; exponent: the slope of log seconds against log n"
+
+
+def table_rows(result):
+    """Two tables: the seconds of each method against n (with the exponent of the log-log
+    fit), and the scores of the methods that cluster."""
+    recs = [r for r in result.get("rows", []) if "method" in r]
+    exps = result.get("exponents", {})
+    data = ("Fashion-MNIST train + test" if result.get("args", {}).get("fashion")
+            else "MNIST test digits rotated within ±45°")
+    rows = []
+    for n in sorted({r["n"] for r in recs}):
+        rows += table(result, [r for r in recs if r["n"] == n], lambda r: SECONDS,
+                      lambda r: r["method"], {f"n = {n}": "seconds"})
+    rows += table(result, list({r["method"]: r for r in recs}.values()), lambda r: SECONDS,
+                  lambda r: r["method"],
+                  {"exponent": lambda r: exps.get(r["method"], {}).get("exponent")})
+    return rows + table(result, [r for r in recs if "acc" in r], lambda r: data,
+                        lambda r: f"{r['method']}, n={r['n']}",
+                        {"ACC": "acc", "ARI": "ari", "NMI": "nmi", "peak RSS (GB)": lambda r:
+                         r["peak_mb"] / 1024 if r.get("peak_mb") is not None else None})
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=None, help="folder with the MNIST test split")
@@ -614,7 +642,7 @@ def main(argv=None):
                                          if args.max_translation else "")
         plot(rows, out.with_suffix(".png"),
              f"One search (k={K}) / one fit against n: MNIST {what}")
-    write_json(result, out)
+    write_json(result, out, table_rows)
     return result
 
 

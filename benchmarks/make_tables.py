@@ -1,21 +1,18 @@
 """The benchmark tables of the README and the documentation, from the JSON in ``results/``.
 
 Every table is made from rows of one schema, ``{"data", "method", "metric", "value",
-"machine", "date"}``: a JSON file's ``"table"`` list (written by the benchmark through
-``_common.write_result``), or, for a file without one, rows derived from its ``"rows"``
-records. One table per data set: a line per method, a column per metric, then the machines and
-dates the numbers were measured on and the command where the JSON records it. The README's
-headline table picks single rows out of several files (``HEADLINE`` below), each linked to its
-JSON and to the benchmarks page.
+"machine", "date"}``: a JSON file's ``"table"`` (written by ``_common.write_json``), else rows
+derived from its ``"rows"`` records. One table per data set, a line per method and a column per
+metric, then the machines, dates and command. The README's headline table picks single rows out
+of several files (``HEADLINE``), each linked to its JSON and to the benchmarks page.
 
     python benchmarks/make_tables.py                       # print every table (markdown)
     python benchmarks/make_tables.py --update README.md    # rewrite the marked blocks
     python benchmarks/make_tables.py --rst docs/_generated # the documentation's includes
 
-A block ``<!-- bench:NAME -->`` ... ``<!-- /bench:NAME -->`` in a markdown file is replaced by
-the table of ``results/NAME.json`` (``headline``: the headline table); the documentation
-includes ``docs/_generated/bench_NAME.inc``, which ``docs/_ext/bench_tables.py`` writes at
-every build.
+``--update`` replaces each block ``<!-- bench:NAME -->`` ... ``<!-- /bench:NAME -->`` by the
+table of ``results/NAME.json`` (``headline``: the headline table); ``docs/_ext/bench_tables.py``
+writes the includes ``docs/_generated/bench_NAME.inc`` at every build.
 """
 
 from __future__ import annotations
@@ -28,9 +25,11 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DOCS_PAGE = "docs/benchmarks.rst"
-FIELDS = ("data", "method", "metric", "value", "machine", "date")
-# the fields of a record that name its data set when a JSON has no "table" of its own
+# the fields of a record that name its data set, and its method, when a JSON has no "table";
+# a field of LABELLED is shown with its name ("n 70000")
 DATA_KEYS = ("variant", "dataset", "data", "kind", "row", "n", "snr", "ctf", "shift", "sigma")
+METHOD_KEYS = ("method",)
+LABELLED = ("n", "seed", "copies", "snr", "ctf", "shift", "sigma", "k")
 
 
 def fmt(value) -> str:
@@ -54,20 +53,25 @@ def machine(result) -> str:
     return cores or "CPU"
 
 
-def derived_rows(result) -> list[dict]:
-    """Rows of the schema from a JSON's ``rows`` records: the record's ``method``, its data-set
-    fields joined as the data, and each other number a metric."""
+def derived_rows(result, data_keys=DATA_KEYS, method_keys=METHOD_KEYS, skip=(), records=None):
+    """Rows of the schema from a JSON's ``rows`` records (or ``records``): the data-set fields
+    joined as the data, the method fields as the method, and every other scalar a metric."""
     env = result.get("env") or result.get("environment") or {}
+    recs = result.get("rows") if records is None else records
     out = []
-    for rec in result.get("rows", []) if isinstance(result.get("rows"), list) else []:
+    for rec in recs if isinstance(recs, list) else []:
         if not isinstance(rec, dict):
             continue
-        data = ", ".join(f"{k} {rec[k]}" for k in DATA_KEYS if rec.get(k) not in (None, ""))
+        data = ", ".join(f"{k} {rec[k]}" if k in LABELLED else str(rec[k])
+                         for k in data_keys if rec.get(k) not in (None, ""))
+        method = ", ".join(str(rec[k]) if k in ("method", "path", "caches", "order") else
+                           f"{k}={rec[k]}" for k in method_keys if rec.get(k) not in (None, ""))
         for key, value in rec.items():
-            if key in DATA_KEYS or key == "method" or not isinstance(value, (int, float)):
+            if (key in data_keys or key in method_keys or key in skip or value in (None, "")
+                    or not isinstance(value, (int, float, str))):
                 continue
             out.append({"data": data or result.get("benchmark", ""),
-                        "method": str(rec.get("method", "")), "metric": key, "value": value,
+                        "method": method or "default", "metric": key, "value": value,
                         "machine": machine(result), "date": env.get("date", "")})
     return out
 
@@ -77,9 +81,8 @@ def rows(result) -> list[dict]:
 
 
 def load(results_dir, name):
-    path = Path(results_dir) / f"{name}.json"
     try:
-        result = json.loads(path.read_text())
+        result = json.loads((Path(results_dir) / f"{name}.json").read_text())
     except (OSError, ValueError):
         return None
     return result if isinstance(result, dict) else None
@@ -110,23 +113,25 @@ def markdown(name, result) -> str:
     for data, metrics, methods in pivot(table):
         out += [f"**{data}**", "", "| method | " + " | ".join(metrics) + " |",
                 "| --- |" + " ---: |" * len(metrics)]
-        out += ["| " + " | ".join([method] + [fmt(vals.get(m)) for m in metrics])
-                .replace("\n", " ") + " |" for method, vals in methods]
+        out += ["| " + " | ".join(c.replace("|", "\\|") for c in [method] + [
+            fmt(vals.get(m)) for m in metrics]) + " |" for method, vals in methods]
         out.append("")
     out.append(footer(result, table).replace("``", "`"))
     return "\n".join(out)
 
 
 def _rst_cell(text) -> str:
-    text = str(text).replace("\\", "\\\\").replace("`", "'").replace("*", "\\*")
-    return text.replace("|", "\\|").replace("_ ", "\\_ ") or ".."
+    """A cell as reStructuredText: text in backticks a literal, markup characters escaped."""
+    esc = {ord("\\"): "\\\\", ord("*"): "\\*", ord("|"): "\\|"}
+    return "".join(f"`{p}`" if p.startswith("`") else re.sub(r"(\w)_(?!\w)", r"\1\\_",
+                   p.translate(esc)) for p in re.split(r"(`[^`]+`)", str(text))) or ".."
 
 
 def rst(name, result) -> str:
     table = rows(result)
     out = [f"From ``benchmarks/results/{name}.json``.", ""]
     for data, metrics, methods in pivot(table):
-        out += [f"**{_rst_cell(data)}**", "", ".. list-table::", "   :header-rows: 1", ""]
+        out += [_rst_cell(data), "", ".. list-table::", "   :header-rows: 1", ""]
         for cells in [["method", *metrics],
                       *([method] + [fmt(vals.get(m)) for m in metrics]
                         for method, vals in methods)]:
@@ -141,74 +146,67 @@ def rst(name, result) -> str:
 # ours, the baselines'). A figure is (JSON name, data, method, metric, template); the template
 # formats the value ``v``.
 SEC = "seconds against n; exponent: the slope of log seconds against log n"
-COUNT = ("Copy sets with the exact count and ARI >= 0.95", "all 150 (largest count error)")
-GPU = "fashion, Fashion-MNIST train + test, n 70000"
+CL = ("clustering", "rotated45 (n = 10000)")
+NOISE = ("noise_filter_10000", "grouping (ACC, mean of 3 seeds, n = 10,000)")
+FA, FA_S = ("scaling_fashion70k", "Fashion-MNIST train + test"), ("scaling_fashion70k", SEC)
+GPU = ("gpu", "fashion, Fashion-MNIST train + test, n 70000")
 CRYO = ("cryoem_ctf", "snr 1.0, ctf True, shift 0.0")
 OURS = ("ours: class_averages(72 angles, mirrors, DihedralPCA('auto', output_size=32), "
         "rotation_center='fourier', ctf, ctf_groups=4, snr='auto'), k=10")
+COV, RIR = "ASPIRE DenoiserCov2D (FFBBasis2D, true noise variance)", "ASPIRE RIRClass2D neighbours"
+COUNT = ("Copy sets with the exact count and ARI >= 0.95", "all 150 (largest count error)")
+AL = ("alignment", "image pairs (MNIST digits)", "36 rot x 1 shifts")
 HEADLINE = [
     ("10,000 MNIST test digits rotated within ±45°", "ACC (fit seconds)",
      "clustering-rotated-mnist-and-fashion-mnist",
-     [("clustering", "rotated45 (n = 10000)", "invariant attention", "ACC", "{v:.3f}"),
-      ("clustering", "rotated45 (n = 10000)", "invariant attention", "seconds", "({v:.0f} s)")],
-     [("clustering", "rotated45 (n = 10000)", "k-means (pixels)", "ACC", "k-means {v:.3f};"),
-      ("clustering", "rotated45 (n = 10000)", "kNN + UMAP + k-means", "ACC",
-       "invariant kNN -> umap-learn -> k-means {v:.3f}"),
-      ("clustering", "rotated45 (n = 10000)", "kNN + UMAP + k-means", "seconds", "({v:.0f} s)")]),
+     [(*CL, "invariant attention", "ACC", "{v:.3f}"),
+      (*CL, "invariant attention", "seconds", "({v:.0f} s)")],
+     [(*CL, "k-means (pixels)", "ACC", "k-means {v:.3f};"),
+      (*CL, "kNN + UMAP + k-means", "ACC", "invariant kNN -> umap-learn -> k-means {v:.3f}"),
+      (*CL, "kNN + UMAP + k-means", "seconds", "({v:.0f} s)")]),
     ("The same with Gaussian noise of std 0.8 (mean of 3 seeds)", "ACC", "noisy-rotated-mnist",
-     [("noise_filter_10000", "grouping (ACC, mean of 3 seeds, n = 10,000)",
-       "estimator (default grouping)", "sigma 0.8", "{v:.3f}")],
-     [("noise_filter_10000", "grouping (ACC, mean of 3 seeds, n = 10,000)", "leiden (samples)",
-       "sigma 0.8", "Leiden on the invariant kNN graph {v:.3f}")]),
-    ("All 70,000 Fashion-MNIST images", "ACC (fit seconds)", "the-invariant-knn-graph",
-     [("scaling_fashion70k", "Fashion-MNIST train + test", "InvariantAttentionClusterer, n=70000",
-       "ACC", "{v:.3f}"),
-      ("scaling_fashion70k", SEC, "InvariantAttentionClusterer", "n = 70000", "({v:.0f} s)")],
-     [("scaling_fashion70k", "Fashion-MNIST train + test",
-       "umap-learn -> k-means (pixels), n=70000", "ACC", "umap-learn -> k-means {v:.3f};"),
-      ("scaling_fashion70k", "Fashion-MNIST train + test", "k-means (pixels), n=70000", "ACC",
-       "k-means {v:.3f}")]),
+     [(*NOISE, "estimator (default grouping)", "sigma 0.8", "{v:.3f}")],
+     [(*NOISE, "leiden (samples)", "sigma 0.8", "Leiden on the invariant kNN graph {v:.3f}")]),
+    ("All 70,000 Fashion-MNIST images", "ACC (fit seconds, peak memory)",
+     "the-invariant-knn-graph",
+     [(*FA, "InvariantAttentionClusterer, n=70000", "ACC", "{v:.3f}"),
+      (*FA_S, "InvariantAttentionClusterer", "n = 70000", "({v:.0f} s,"),
+      (*FA, "InvariantAttentionClusterer, n=70000", "peak RSS (GB)", "{v:.1f} GB)")],
+     [(*FA, "umap-learn -> k-means (pixels), n=70000", "ACC", "umap-learn -> k-means {v:.3f};"),
+      (*FA, "k-means (pixels), n=70000", "ACC", "k-means {v:.3f}")]),
     ("All 70,000 Fashion-MNIST images on one GPU", "fit seconds", "scaling-on-a-gpu",
-     [("gpu", GPU, "default (second fit)", "seconds", "{v:.1f} s,"),
-      ("gpu", GPU, "default (first fit in process)", "seconds",
-       "the first fit in a process {v:.1f} s"),
-      ("gpu", "fresh, " + GPU[9:], "new empty folders, fit-first", "first_fit_s",
+     [(*GPU, "default (second fit)", "seconds", "{v:.1f} s,"),
+      (*GPU, "default (first fit in process)", "seconds", "the first fit in a process {v:.1f} s"),
+      ("gpu", "fresh, " + GPU[1][9:], "new empty folders, fit-first", "first_fit_s",
        "({v:.1f} s on a fresh machine), ACC"),
-      ("gpu", GPU, "default (second fit)", "acc", "{v:.3f};"),
+      (*GPU, "default (second fit)", "acc", "{v:.3f};"),
       ("gpu", "transformer, n 70000", "default", "seconds",
        "`InvariantKNeighborsTransformer` {v:.1f} s")],
-     [("scaling_fashion70k", SEC, "InvariantAttentionClusterer", "n = 70000",
+     [(*FA_S, "InvariantAttentionClusterer", "n = 70000",
        "the same fit on 2 CPU cores {v:.0f} s")]),
     ("Cryo-EM: 2,000 simulated 64 x 64 projections with a CTF, SNR 1",
      "detail correlation of the averages with the projections without CTF (seconds)",
      "cryo-em-with-a-ctf-against-aspire-s-denoiser",
      [(*CRYO, OURS, "corr_detail", "{v:.3f}"), (*CRYO, OURS, "seconds", "({v:.0f} s)")],
-     [(*CRYO, "ASPIRE DenoiserCov2D (FFBBasis2D, true noise variance)", "corr_detail",
-       "ASPIRE DenoiserCov2D {v:.3f}"),
-      (*CRYO, "ASPIRE DenoiserCov2D (FFBBasis2D, true noise variance)", "seconds",
-       "({v:.0f} s)")]),
+     [(*CRYO, COV, "corr_detail", "ASPIRE DenoiserCov2D {v:.3f}"),
+      (*CRYO, COV, "seconds", "({v:.0f} s)")]),
     ("The same: each image's 10 nearest neighbours", "share within 10° of the view (seconds)",
      "cryo-em-with-a-ctf-against-aspire-s-denoiser",
      [(*CRYO, OURS, "nbr10", "{v:.3f}"),
       (*CRYO, OURS, "seconds", "({v:.0f} s, with the averages)")],
-     [(*CRYO, "ASPIRE RIRClass2D neighbours (phase-flipped)", "nbr10",
-       "ASPIRE RIRClass2D {v:.3f}"),
-      (*CRYO, "ASPIRE RIRClass2D neighbours (phase-flipped)", "seconds_neighbors",
-       "({v:.0f} s)")]),
+     [(*CRYO, RIR + " (phase-flipped)", "nbr10", "ASPIRE RIRClass2D {v:.3f}"),
+      (*CRYO, RIR + " (phase-flipped)", "seconds_neighbors", "({v:.0f} s)")]),
     ("Counting clusters: 150 sets of rotated copies",
      "sets with the exact count and ARI >= 0.95 (largest count error)", "how-many-clusters",
      [("count", *COUNT, "`n_clusters=None`", "{v}, the shapes of seed 0; seeds 1-6:"),
       *((f"count_draws_seed{s}", *COUNT, "`n_clusters=None`", "{v}" + ("," if s < 6 else ""))
         for s in range(1, 7))],
-     [("count", *COUNT, "HDBSCAN on `invariant_distances`",
-       "HDBSCAN on `invariant_distances` {v}")]),
+     [("count", *COUNT, "HDBSCAN on `invariant_distances`", "HDBSCAN on the invariant "
+       "distances {v}")]),
     ("Aligning image pairs (36 rot x 1 shifts)", "pairs per second", "alignment-search",
-     [("alignment", "image pairs (MNIST digits)", "36 rot x 1 shifts",
-       "ours, same pairs (pairs/s)", "{v:.2g}"),
-      ("alignment", "image pairs (MNIST digits)", "36 rot x 1 shifts",
-       "speed-up (same pairs / at scale)", "(speed-up {v})")],
-     [("alignment", "image pairs (MNIST digits)", "36 rot x 1 shifts",
-       "per-pair kornia (pairs/s)", "kornia, one pair at a time: {v:.2g}")]),
+     [(*AL, "ours, same pairs (pairs/s)", "{v:.2g}"),
+      (*AL, "speed-up (same pairs / at scale)", "(speed-up {v})")],
+     [(*AL, "per-pair kornia (pairs/s)", "kornia, one pair at a time: {v:.2g}")]),
 ]
 
 
@@ -248,9 +246,9 @@ def blocks(results_dir=RESULTS) -> dict[str, str]:
 
 def update(path, results_dir=RESULTS) -> list[str]:
     """Rewrite each marked block of the markdown file ``path``; return the names rewritten."""
-    text, done = Path(path).read_text(), []
+    text, done, tables = Path(path).read_text(), [], blocks(results_dir)
     for name in dict.fromkeys(re.findall(r"<!-- bench:([\w-]+) -->", text)):
-        block = blocks(results_dir).get(name)
+        block = tables.get(name)
         if block is None:
             print(f"{path}: no table for the block {name!r}", file=sys.stderr)
             continue

@@ -10,8 +10,8 @@ corrupted inputs. Two views:
 
 1. PAP on synthetic low-rank keys with sparse gross corruption, against softmax attention:
    how far does each output move from the clean softmax output as more entries are corrupted?
-2. The committed results of ``benchmarks/rpc_robustness.py`` (small ViTs trained on MNIST and
-   Fashion-MNIST, several seeds, Gaussian noise and FGSM / PGD attacks), plotted from
+2. The committed results of ``examples/reproductions/rpc_robustness.py`` (small ViTs trained
+   on MNIST and Fashion-MNIST, several seeds, Gaussian noise and FGSM / PGD attacks), plotted from
    ``benchmarks/results/rpc_robustness.json``. Training those models takes far longer than a
    documentation build, so this page reads the file the benchmark wrote.
 """
@@ -80,8 +80,8 @@ plt.show()
 # ----------------------------------------
 # SymViT (symmetric attention in every block) against RPC-SymViT (PAP in the first block), same
 # seeds, accuracy on held-out images: clean, with Gaussian noise, and under FGSM and PGD attacks.
-# The file is written by ``python benchmarks/rpc_robustness.py``; its configuration is printed
-# below with the plot.
+# The file is written by ``python examples/reproductions/rpc_robustness.py``; its configuration
+# is printed below with the plot.
 results = Path("..", "benchmarks", "results", "rpc_robustness.json")
 if results.exists():
     bench = json.loads(results.read_text())
@@ -99,4 +99,4 @@ if results.exists():
     axes[0, 0].legend()
     plt.show()
 else:
-    print("no committed results: run python benchmarks/rpc_robustness.py")
+    print("no committed results: run python examples/reproductions/rpc_robustness.py")
