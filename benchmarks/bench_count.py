@@ -540,7 +540,7 @@ DUPLICATES = {"doubled_ari_first_half_vs_single": "stored twice",
 
 
 def table_rows(result):
-    """The copy sets counted right (exact count, ARI >= 0.95) per kind of set and method;
+    """The copy sets counted right (exact count, ARI >= 0.95) per method and kind of set;
     the duplicates' ARI against the fit of the data as it is; else each natural set's fits."""
     summary = [x for x in result.get("summary", []) if x.get("noise") == "all"]
     if not summary:
@@ -555,26 +555,21 @@ def table_rows(result):
     kinds = {k: f"all {n} (largest count error)" if k == "all"
              else f"{KIND_NAMES.get(k, k)} ({n} sets)" for k, n in sets.items()}
     data = "Copy sets with the exact count and ARI >= 0.95"
-    rows = []
-    for m in dict.fromkeys(x["method"] for x in summary):
-        mine = [x for x in summary if x["method"] == m]
-        rows += table(result, mine, lambda r: data, lambda r: kinds[r["kind"]], {
-            NAMES.get(m, m): lambda r: (f"{r['exact']} ({r['max_abs_count_error']})"
-                                        if r["kind"] == "all" else r["exact"])})
-    everyone = [x for x in summary if x["kind"] == "all"]
+    cells = {label: (lambda r, k=k: None if r["kind"] != k else r["exact"] if k != "all"
+                     else f"{r['exact']} ({r['max_abs_count_error']})")
+             for k, label in kinds.items()}
+    everyone, more = [x for x in summary if x["kind"] == "all"], {}
     for key, label in (("separated", "sets whose groups the distances separate"),
                        ("resolved", "sets with no two shapes closer than two noisy copies")):
         if all(x.get(f"{key}_sets") is not None for x in everyone) and (
                 key == "resolved" or any(r.get("true_separation") is not None
                                          for r in result.get("rows", []))):
-            rows += table(result, everyone, lambda r: data,
-                          lambda r, label=label: f"{label} (largest count error)",
-                          {NAMES.get(x["method"], x["method"]): (
-                              lambda r, m=x["method"], key=key: None if r["method"] != m else
-                              f"{r[f'exact_{key}']} of {r[f'{key}_sets']} "
-                              f"({r[f'max_abs_count_error_{key}']})") for x in everyone})
-    return rows
-
+            more[f"{label} (largest count error)"] = (
+                lambda r, key=key:
+                f"{r[f'exact_{key}']} of {r[f'{key}_sets']} ({r[f'max_abs_count_error_{key}']})")
+    name = lambda r: NAMES.get(r["method"], r["method"])  # noqa: E731
+    return (table(result, summary, lambda r: data, name, cells)
+            + table(result, everyone, lambda r: data, name, more))
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
