@@ -147,20 +147,56 @@ def embed_graph(index: np.ndarray, dist: np.ndarray, random_state,
 
 
 def _umap_embedding(idx, dst, n_components, random_state):
+    """umap-learn's layout (``min_dist=0``) of a kNN graph, the sample itself in column 0: a
+    ``UMAP(metric="precomputed")`` fitted on the graph's sparse symmetric distance matrix, with
+    the graph itself as its ``precomputed_knn``."""
+    return _fit_umap(_distance_matrix(idx, dst), idx, dst, n_components, random_state)
+
+
+def _distance_matrix(idx, dst):
+    """The symmetric sparse distance matrix of a kNN graph ``(idx, dst)`` (the sample itself in
+    column 0): every edge in both directions, the shorter distance where both directions were
+    found, and a zero diagonal, as umap-learn's ``metric="precomputed"`` takes it."""
+    from scipy.sparse import csr_matrix
+
+    n, k = idx.shape
+    rows = np.repeat(np.arange(n), k)
+    cols, vals = idx.ravel(), np.asarray(dst, dtype=np.float32).ravel()
+    keep = (cols != rows) & (cols >= 0)
+    r = np.concatenate([rows[keep], cols[keep]])
+    c = np.concatenate([cols[keep], rows[keep]])
+    v = np.concatenate([vals[keep], vals[keep]])
+    # the shortest of each pair's distances first, then one entry a pair
+    order = np.lexsort((v, c, r))
+    r, c, v = r[order], c[order], v[order]
+    first = np.ones(r.size, dtype=bool)
+    first[1:] = (r[1:] != r[:-1]) | (c[1:] != c[:-1])
+    return csr_matrix((v[first], (r[first], c[first])), shape=(n, n))
+
+
+# connected parts of a graph up to which umap-learn's layout starts from its spectral embedding;
+# beyond, at random: with precomputed distances it places the parts by their average linkage,
+# one sparse slice per pair of parts
+SPECTRAL_MAX_PARTS = 50
+
+
+def _fit_umap(D, idx, dst, n_components, random_state):
+    """``UMAP(metric="precomputed", precomputed_knn=(idx, dst))`` fitted on the sparse distance
+    matrix ``D``; its 10-D layout with ``min_dist=0``."""
     umap = import_quietly("umap")
 
     n, k = idx.shape
+    spectral = n > 3 * n_components and connected_components(
+        D, directed=False)[0] <= SPECTRAL_MAX_PARTS
     with warnings.catch_warnings():
-        # umap-learn warns that a seed disables its parallel layout, and about tiny graphs
+        # umap-learn warns that a seed disables its parallel layout, about tiny graphs and that
+        # a precomputed metric has no inverse transform
         warnings.simplefilter("ignore")
         reducer = umap.UMAP(n_components=n_components, n_neighbors=k, min_dist=0.0,
-                            metric="euclidean", precomputed_knn=(idx, dst, None),
-                            force_approximation_algorithm=True, random_state=random_state,
-                            init="spectral" if n > 3 * n_components else "random",
-                            n_jobs=1)
-        # umap-learn needs data of the right length only for its checks; the layout comes from
-        # the precomputed graph
-        return reducer.fit_transform(np.zeros((n, 1), np.float32))
+                            metric="precomputed", precomputed_knn=(idx, dst),
+                            random_state=random_state,
+                            init="spectral" if spectral else "random", n_jobs=1)
+        return reducer.fit_transform(D)
 
 
 def fuzzy_graph(index: np.ndarray, dist: np.ndarray, random_state=0, calibration="capped"):
@@ -486,31 +522,32 @@ def _search_resolution(run, n_clusters, max_steps, min_size=1):
     return best if best is not None else labels
 
 
-# connected parts of a graph up to which umap-learn's layout starts from its spectral embedding
-# (see embed_fuzzy_graph): its (n_parts x n_parts) float64 matrix is 8 MB here
-SPECTRAL_MAX_PARTS = 1000
-
-
 def embed_fuzzy_graph(graph, random_state, n_components: int = 10) -> np.ndarray:
-    """umap-learn's layout (``min_dist=0``) of a given fuzzy graph, e.g. a union of two."""
-    umap_ = import_quietly("umap").umap_
-    find_ab_params, simplicial_set_embedding = umap_.find_ab_params, umap_.simplicial_set_embedding
+    """umap-learn's layout (``min_dist=0``) of a given fuzzy graph, e.g. a union of two.
 
-    n = graph.shape[0]
-    a, b = find_ab_params(1.0, 0.0)
-    # umap-learn's spectral start lays out every connected component and then the components
-    # from an (n_parts x n_parts) float64 distance matrix: 31 GB for the 64,787 parts of a graph
-    # whose images all come in exact pairs (140,000 stacked Fashion-MNIST copies); beyond
-    # SPECTRAL_MAX_PARTS parts the layout starts at random
-    spectral = n > 3 * n_components and connected_components(
-        graph, directed=False)[0] <= SPECTRAL_MAX_PARTS
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        emb, _ = simplicial_set_embedding(
-            np.zeros((n, 1), np.float32), graph.tocoo(copy=True), int(n_components), 1.0, a, b,
-            1.0, 5, None, "spectral" if spectral else "random",
-            np.random.RandomState(random_state), "euclidean", {}, False, {}, False)
-    return emb
+    The graph's memberships become distances ``-log w_ij``; each sample keeps its ``m``
+    nearest, ``m`` the fewest edges a sample has, and ``UMAP(metric="precomputed")`` lays out
+    that kNN graph (:func:`_umap_embedding`).
+    """
+    G = graph.tocsr(copy=True)
+    G.setdiag(0)
+    G.eliminate_zeros()
+    n = G.shape[0]
+    degree = np.diff(G.indptr)
+    m = int(degree[degree > 0].min()) if degree.any() else 0
+    idx = np.full((n, m + 1), -1, dtype=np.int64)
+    dst = np.full((n, m + 1), np.inf, dtype=np.float32)
+    idx[:, 0], dst[:, 0] = np.arange(n), 0.0
+    for i in np.flatnonzero(degree):
+        lo, hi = G.indptr[i], G.indptr[i + 1]
+        near = np.argsort(-G.data[lo:hi], kind="stable")[:m]
+        idx[i, 1:] = G.indices[lo:hi][near]
+        dst[i, 1:] = -np.log(np.minimum(G.data[lo:hi][near], 1.0))
+    dst[:, 1:] = np.where(np.isfinite(dst[:, 1:]), _positive(dst[:, 1:]), np.inf)
+    n_components = int(max(1, min(n_components, n - 2)))
+    if n <= n_components + 2 or m < 1:
+        return embed_graph(idx[:, 1:], dst[:, 1:], random_state, n_components)
+    return _umap_embedding(idx, dst, n_components, random_state)
 
 
 # "auto" groups the union of the two graphs when the means' graph shares fewer than this
