@@ -53,6 +53,7 @@ from ._cli_support import (
     _noise_std,
     _nonnegative_float,
     _nonnegative_int,
+    _number,
     _positive_int,
     _replacing,
     _save_figure,
@@ -85,8 +86,10 @@ versions; iterating collapses each cluster onto its invariant mean (its "center"
 
 Input: a .npy array, a .npz archive (images under X or data, labels under y or target), an
 MRC stack (.mrcs, or .mrc holding a stack; pip install invariant_cluster[mrc]), IDX files (the
-MNIST format, e.g. t10k-images-idx3-ubyte.gz, labels with --labels) or a folder of PNG/JPEG
-images of one size (read in grey levels, sorted by name). Pixels are taken at their values,
+MNIST format, e.g. t10k-images-idx3-ubyte.gz, labels with --labels) or a folder of images
+(PNG, JPEG, TIFF, BMP; read in grey levels, sorted by name) of one size, or of any sizes with
+--image-size N (each scaled and centred on an N x N canvas; --invert for dark objects on a
+light background). Pixels are taken at their values,
 as the Python API takes them (uint8 stays 0..255). Arrays may be (n, H, W), (n, C, H, W),
 or (n, H*W) with square images (else give --image-shape).
 
@@ -102,10 +105,14 @@ examples:
   invariant-cluster fit t10k-images-idx3-ubyte.gz --labels t10k-labels-idx1-ubyte.gz \\
       --n-samples 500 --n-clusters 10 --max-rotation 60 --n-rotations 25
   invariant-cluster fit photos/ --group rotation --max-rotation 180 --device cuda
+  invariant-cluster fit plankton/ --image-size 64 --invert --max-rotation 180
 
 Options left out keep the defaults of invariant_cluster.InvariantAttentionClusterer (see
 help(InvariantAttentionClusterer) in Python). The cost grows with n^2 x n-rotations x pixels:
 on a CPU, start with a few hundred images; a GPU (--device cuda) takes thousands."""
+
+
+_image_size = _number(int, 2, what="an integer >= 2")
 
 
 def _add_input_options(p, default_out, *, labels=False):
@@ -204,7 +211,8 @@ def _read_input(args, labels=None, stack=False):
     if stack and path.suffix.lower() not in MRC_SUFFIXES:
         raise UsageError(f"--stack: reads an MRC file (.mrc, .mrcs), got {path}")
     if not stack or path.suffix.lower() == ".mrcs":  # .mrcs is a stack anyway
-        return load_input(path, labels, args.image_shape)
+        return load_input(path, labels, args.image_shape, getattr(args, "image_size", None),
+                          getattr(args, "invert", False))
     from .datasets import load_mrc
 
     X = as_images(load_mrc(path, as_stack=True), path, args.image_shape)
@@ -579,8 +587,15 @@ def build_parser():
     d.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     f = _command(sub, "fit", _cmd_fit, "cluster your own images (.npy/.npz, .mrcs, IDX, or a "
-                 "folder of PNG/JPEG)", _FIT_DESCRIPTION, _FIT_EPILOG)
+                 "folder of images)", _FIT_DESCRIPTION, _FIT_EPILOG)
     _add_input_options(f, "invariant_cluster_out", labels=True)
+    f.add_argument("--image-size", type=_image_size, metavar="N",
+                   help="for a folder of images of different sizes: scale each one's longest "
+                        "side to N and centre it on an N x N canvas of its background's value "
+                        "(values then in [0, 1])")
+    f.add_argument("--invert", action="store_true",
+                   help="for a folder: dark objects on a light background, inverted to "
+                        "bright objects on a dark one")
     _add_estimator_options(f)
     f.add_argument("--center", action="store_true", default=None,
                    help="centre every image on its centre of mass before the search, for "

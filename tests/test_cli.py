@@ -104,6 +104,40 @@ class TestFit:
             else:
                 assert json.loads((out / "metrics.json").read_text())["ARI"] == 1.0
 
+    def test_folder_of_different_sizes(self, tmp_path, capsys):
+        # dark discs and dark bars on white, each at four sizes (wide, tall, large, square) and
+        # the square bars turned by quarter turns: --image-size brings them to one square,
+        # --invert makes the objects bright on 0, and the two shapes are the two clusters
+        from PIL import Image
+
+        folder = tmp_path / "photos"
+        folder.mkdir()
+        sizes = [(48, 60), (100, 80), (341, 300), (60, 60)]
+        for i, (h, w) in enumerate(sizes):
+            yy, xx = np.mgrid[:h, :w]
+            cy, cx, r = (h - 1) / 2, (w - 1) / 2, min(h, w) / 3
+            disc = (yy - cy) ** 2 + (xx - cx) ** 2 <= r ** 2
+            bar = (np.abs(yy - cy) <= r / 4) & (np.abs(xx - cx) <= r)
+            for name, shape in (("disc", disc), ("bar", np.rot90(bar, i % 2) if h == w
+                                                  else bar)):
+                Image.fromarray(np.where(shape, 30, 250).astype(np.uint8)).save(
+                    folder / f"{name}{i}.png")
+        out = tmp_path / "out"
+        proc = call(capsys, "fit", folder, "--image-size", "16", "--invert", "--n-clusters",
+                    "2", *FAST, "--out", out)
+        assert proc.returncode == 0, proc.stderr
+        assert "8 images -> 2 clusters" in proc.stdout
+        assert np.load(out / "centers.npy").shape == (2, 1, 16, 16)
+        with open(out / "labels.csv") as f:
+            rows = {r["file"]: int(r["label"]) for r in csv.DictReader(f)}
+        assert sorted(rows) == sorted(p.name for p in folder.iterdir())
+        discs = {v for k, v in rows.items() if k.startswith("disc")}
+        bars = {v for k, v in rows.items() if k.startswith("bar")}
+        assert len(discs) == 1 and len(bars) == 1 and discs != bars
+        # bright objects on a zero background: the centres' corners are 0
+        centers = np.load(out / "centers.npy")
+        assert np.abs(centers[:, 0, 0, 0]).max() < 0.05 and centers.max() > 0.5
+
     def test_bad_argument_subprocess(self, quarter_turns):
         d = quarter_turns[0]
         assert_usage_error(run("fit", d / "x.npy", "--n-clusters", "zero"), "--n-clusters")
@@ -165,12 +199,21 @@ class TestFit:
 
         empty = tmp_path / "empty"
         empty.mkdir()
-        assert_usage_error(call(capsys, "fit", empty), "no PNG or JPEG")
+        assert_usage_error(call(capsys, "fit", empty), "no images", "*.png")
         mixed = tmp_path / "mixed"
         mixed.mkdir()
         Image.fromarray(np.zeros((8, 8), np.uint8)).save(mixed / "a.png")
         Image.fromarray(np.zeros((9, 8), np.uint8)).save(mixed / "b.png")
-        assert_usage_error(call(capsys, "fit", mixed), "same size", "a.png", "b.png")
+        assert_usage_error(call(capsys, "fit", mixed), "same size", "a.png", "b.png",
+                           "--image-size")
+        # --image-size and --invert read folders only, and the size is at least 2
+        np.save(tmp_path / "x.npy", np.zeros((4, 8, 8), np.float32))
+        assert_usage_error(call(capsys, "fit", tmp_path / "x.npy", "--image-size", "8"),
+                           "--image-size", "folder")
+        assert_usage_error(call(capsys, "fit", tmp_path / "x.npy", "--invert"),
+                           "--invert", "folder")
+        assert_usage_error(call(capsys, "fit", mixed, "--image-size", "1"), "--image-size",
+                           "an integer >= 2")
         (mixed / "b.png").write_bytes(b"broken")
         assert_usage_error(call(capsys, "fit", mixed), "b.png")
 

@@ -583,3 +583,119 @@ class TestMakeTransformedCopies:
     def test_bad_arguments(self, image, n_copies, error, match):
         with pytest.raises(error, match=match):
             make_transformed_copies(image, n_copies)
+
+
+# ----------------------------------------------------------------------------------------------
+# load_images: a folder of images of different sizes
+# ----------------------------------------------------------------------------------------------
+
+# (height, width) of the images written: tall, wide and large, as real image sets come
+SIZES = [(31, 60), (100, 40), (341, 200)]
+
+
+def _write_objects(folder, sizes=SIZES, fmt="png"):
+    """Dark discs (grey 40) on white, one image per size, the disc centred and spanning half the
+    shorter side; returns the files' names in name order."""
+    from PIL import Image
+
+    folder.mkdir(exist_ok=True)
+    names = []
+    for i, (h, w) in enumerate(sizes):
+        yy, xx = np.mgrid[:h, :w]
+        r = min(h, w) / 4
+        disc = (yy - (h - 1) / 2) ** 2 + (xx - (w - 1) / 2) ** 2 <= r ** 2
+        a = np.where(disc, 40, 255).astype(np.uint8)
+        names.append(f"img{i}.{fmt}")
+        Image.fromarray(a).save(folder / names[-1])
+    return names
+
+
+class TestLoadImages:
+    def test_shapes_sizes_and_names(self, tmp_path):
+        names = _write_objects(tmp_path / "f")
+        (tmp_path / "f" / "notes.txt").write_text("not an image")  # left out
+        b = datasets.load_images(tmp_path / "f", size=48)
+        assert b.images.shape == (3, 48, 48) and b.images.dtype == np.float32
+        assert b.data.shape == (3, 48 * 48) and np.shares_memory(b.data, b.images)
+        assert b.filenames == names
+        np.testing.assert_array_equal(b.original_shapes, SIZES)
+        assert b.images.min() >= 0.0 and b.images.max() <= 1.0
+
+    def test_longest_side_scaled_and_centred_on_the_background(self, tmp_path):
+        _write_objects(tmp_path / "f")
+        size = 48
+        b = datasets.load_images(tmp_path / "f", size=size)
+        np.testing.assert_array_equal(b.background, np.ones(3, np.float32))
+        for img, (h, w) in zip(b.images, SIZES):
+            # the canvas outside the scaled image and the scaled image's own border are white
+            nh, nw = round(h * size / max(h, w)), round(w * size / max(h, w))
+            assert max(nh, nw) == size
+            top, left = (size - nh) // 2, (size - nw) // 2
+            outside = np.ones((size, size), bool)
+            outside[top:top + nh, left:left + nw] = False
+            assert np.all(img[outside] == 1.0)
+            # the dark disc keeps its share of the image (area ratio) and sits at the centre
+            dark = 1.0 - img
+            share = dark.sum() / (nh * nw * (255 - 40) / 255)
+            assert share == pytest.approx(np.pi * (min(h, w) / 4) ** 2 / (h * w), rel=0.1)
+            yy, xx = np.mgrid[:size, :size]
+            centre = ((dark * yy).sum() / dark.sum(), (dark * xx).sum() / dark.sum())
+            np.testing.assert_allclose(centre, ((size - 1) / 2, (size - 1) / 2), atol=0.6)
+
+    def test_invert_makes_a_white_background_zero(self, tmp_path):
+        _write_objects(tmp_path / "f")
+        plain = datasets.load_images(tmp_path / "f", size=32)
+        inv = datasets.load_images(tmp_path / "f", size=32, invert=True)
+        np.testing.assert_allclose(inv.images, 1.0 - plain.images, atol=1e-6)
+        np.testing.assert_array_equal(inv.background, np.zeros(3, np.float32))
+        # bright objects on 0: the corners are 0 and the centre is the disc's 1 - 40 / 255
+        assert np.all(inv.images[:, 0, 0] == 0.0)
+        np.testing.assert_allclose(inv.images[:, 16, 16], 1 - 40 / 255, atol=0.03)
+
+    def test_background_is_the_border_median(self, tmp_path):
+        # a grey background (value 100) with a few bright border pixels: the median ignores
+        # them and the canvas takes the background's value
+        from PIL import Image
+
+        (tmp_path / "f").mkdir()
+        a = np.full((20, 50), 100, np.uint8)
+        a[0, :5] = 255
+        a[8:12, 20:30] = 0
+        Image.fromarray(a).save(tmp_path / "f" / "a.png")
+        Image.fromarray(a.T.copy()).save(tmp_path / "f" / "b.tif")
+        b = datasets.load_images(tmp_path / "f", size=25)
+        np.testing.assert_allclose(b.background, 100 / 255, atol=1e-6)
+        assert np.all(b.images[:, 0, 12] == np.float32(100 / 255))  # canvas above/left of each
+        np.testing.assert_array_equal(b.original_shapes, [(20, 50), (50, 20)])
+
+    def test_same_size_images_keep_their_pixels(self, tmp_path):
+        # an image already size x size is read as it is, in [0, 1]
+        from PIL import Image
+
+        (tmp_path / "f").mkdir()
+        a = np.random.default_rng(0).integers(0, 256, (16, 16)).astype(np.uint8)
+        Image.fromarray(a).save(tmp_path / "f" / "a.png")
+        b = datasets.load_images(tmp_path / "f", size=16)
+        np.testing.assert_array_equal(b.images[0], a.astype(np.float32) / np.float32(255))
+
+    def test_bad_input(self, tmp_path):
+        with pytest.raises(FileNotFoundError, match="no such folder"):
+            datasets.load_images(tmp_path / "missing", size=8)
+        (tmp_path / "empty").mkdir()
+        with pytest.raises(ValueError, match=r"empty: no images \(\*\.png"):
+            datasets.load_images(tmp_path / "empty", size=8)
+        (tmp_path / "empty" / "a.csv").write_text("1,2")
+        with pytest.raises(ValueError, match="no images"):
+            datasets.load_images(tmp_path / "empty", size=8)
+        with pytest.raises(ValueError, match="expected a folder"):
+            datasets.load_images(tmp_path / "empty" / "a.csv", size=8)
+        _write_objects(tmp_path / "f")
+        for size, error in ((1, ValueError), (0, ValueError), (2.5, TypeError),
+                            ("8", TypeError), (True, TypeError)):
+            with pytest.raises(error, match="size: expected an int"):
+                datasets.load_images(tmp_path / "f", size=size)
+        with pytest.raises(TypeError, match="invert: expected a bool"):
+            datasets.load_images(tmp_path / "f", size=8, invert="yes")
+        (tmp_path / "f" / "broken.png").write_bytes(b"not a png")
+        with pytest.raises(ValueError, match=r"broken\.png: cannot read this image"):
+            datasets.load_images(tmp_path / "f", size=8)

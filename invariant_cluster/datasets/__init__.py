@@ -1,6 +1,7 @@
 """Datasets: the IDX reader, MNIST / Fashion-MNIST loaders and fetchers, an offline default
-(scikit-learn's digits), makers of randomly rotated and translated images, and MRC image
-stacks (:func:`load_mrc`, :func:`save_mrc`).
+(scikit-learn's digits), makers of randomly rotated and translated images, MRC image
+stacks (:func:`load_mrc`, :func:`save_mrc`) and folders of images of any sizes
+(:func:`load_images`).
 
 Where the data is looked for
 ----------------------------
@@ -30,8 +31,9 @@ Layout
 ------
 One private module per concern, all re-exported here: ``_idx`` (the IDX format), ``_mnist``
 (MNIST and Fashion-MNIST files and downloads), ``_digits`` (scikit-learn's digits),
-``_generators`` (SE(2) makers), ``_mrc`` (MRC stacks) and ``_files`` (what the command line
-reads: arrays, IDX and MRC files, image folders, label files).
+``_generators`` (SE(2) makers), ``_mrc`` (MRC stacks), ``_images`` (image folders brought to
+one size) and ``_files`` (what the command line reads: arrays, IDX and MRC files, image
+folders, label files).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 from ._digits import load_digits_images
 from ._generators import make_transformed, make_transformed_copies
 from ._idx import load_idx
+from ._images import load_images
 from ._mnist import CHECKSUMS as _CHECKSUMS
 from ._mnist import (
     DATA_ENV as DATA_ENV,
@@ -64,6 +67,7 @@ __all__ = [
     "fetch_mnist",
     "fetch_fashion_mnist",
     "load_digits_images",
+    "load_images",
     "load_mrc",
     "save_mrc",
     "mrc_voxel_size",

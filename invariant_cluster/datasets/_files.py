@@ -1,5 +1,5 @@
 """The command line's readers: image arrays (``.npy``/``.npz``), IDX files, MRC stacks, folders
-of PNG/JPEG images and label files, turned into float32 images ``(n, C, H, W)``.
+of images (PNG, JPEG, TIFF, BMP) and label files, turned into float32 images ``(n, C, H, W)``.
 
 Every error is a ValueError (or FileNotFoundError, ImportError) whose message names the file and
 what is wrong, in one line: the command line prints it as it is and exits with status 2.
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from ._idx import load_idx
+from ._images import image_files, load_images
 from ._mrc import load_mrc
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
 MRC_SUFFIXES = {".mrc", ".mrcs"}
 _KINDS = {".npy": "a NumPy .npy file", ".npz": "a NumPy .npz archive", ".mrc": "an MRC file",
           ".mrcs": "an MRC stack"}
@@ -87,22 +87,19 @@ def _npz_member(z, path, names, what):
     return None if key is None else z[key]
 
 
-def load_folder(path):
-    """Grey-level images ``(n, H, W)`` uint8 of a folder's PNG/JPEG files, sorted by name, and
-    the file names."""
+def load_folder(path, invert=False):
+    """Grey-level images ``(n, H, W)`` uint8 of a folder's images of one size, sorted by name
+    (``invert``: ``255 - x``), and the file names."""
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
-    files = sorted(p for p in path.iterdir()
-                   if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    if not files:
-        raise ValueError(f"{path}: no PNG or JPEG images (*.png, *.jpg, *.jpeg) in this folder")
+    files = image_files(path)
     images, first = [], None
     for f in files:
         try:
             with Image.open(f) as im:
                 a = np.asarray(im.convert("L"), dtype=np.uint8)
-        except (UnidentifiedImageError, OSError) as exc:
+        except (UnidentifiedImageError, OSError, ValueError) as exc:
             raise ValueError(f"{f}: cannot read this image ({exc})") from None
         if first is None:
             first = (f, a.shape)
@@ -110,9 +107,9 @@ def load_folder(path):
             raise ValueError(
                 f"{path}: all images must have the same size, but {first[0].name} is "
                 f"{first[1][1]}x{first[1][0]} and {f.name} is {a.shape[1]}x{a.shape[0]} "
-                "(width x height); resize them first"
+                "(width x height); give --image-size N to scale each to N x N"
             )
-        images.append(a)
+        images.append(255 - a if invert else a)
     return np.stack(images), [f.name for f in files]
 
 
@@ -183,7 +180,7 @@ def load_labels(path):
     return y
 
 
-def load_input(path, labels=None, image_shape=None):
+def load_input(path, labels=None, image_shape=None, image_size=None, invert=False):
     """Read the input of the commands ``fit``, ``neighbors`` and ``class-averages``.
 
     Parameters
@@ -193,11 +190,17 @@ def load_input(path, labels=None, image_shape=None):
         under ``y`` or ``target``), an MRC stack (``.mrcs``/``.mrc``, see
         :func:`~invariant_cluster.datasets.load_mrc`), an IDX file (``*-idx3-ubyte[.gz]``; any
         other name is read by what its first bytes announce: NumPy, zip, MRC, else IDX) or a
-        folder of PNG/JPEG images of one size (read as grey levels, sorted by file name).
+        folder of images (PNG, JPEG, TIFF, BMP; read as grey levels, sorted by file name) of
+        one size, or of any sizes with ``image_size``.
     labels : str or Path, optional
         Labels: ``.npy``, ``.npz``, ``.csv``/``.txt`` (one per line) or IDX.
     image_shape : tuple of int, optional
         ``(H, W)`` or ``(C, H, W)`` to fold 2-D rows (default: square single-channel images).
+    image_size : int, optional
+        For a folder: each image scaled and centred on an ``image_size`` square
+        (:func:`~invariant_cluster.datasets.load_images`, values in [0, 1]).
+    invert : bool, default=False
+        For a folder: dark objects on a light background made bright on a dark one.
 
     Returns
     -------
@@ -217,7 +220,14 @@ def load_input(path, labels=None, image_shape=None):
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or folder")
     if path.is_dir():
-        array, names = load_folder(path)
+        if image_size is not None:
+            bunch = load_images(path, image_size, invert=invert)
+            array, names = bunch.images, bunch.filenames
+        else:
+            array, names = load_folder(path, invert)
+    elif image_size is not None or invert:
+        option = "--image-size" if image_size is not None else "--invert"
+        raise ValueError(f"{option}: applies to a folder of images, got the file {path}")
     else:
         array, y = _read_file(path)
     X = as_images(array, path, image_shape)
