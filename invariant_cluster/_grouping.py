@@ -538,12 +538,14 @@ def embed_fuzzy_graph(graph, random_state, n_components: int = 10) -> np.ndarray
     idx = np.full((n, m + 1), -1, dtype=np.int64)
     dst = np.full((n, m + 1), np.inf, dtype=np.float32)
     idx[:, 0], dst[:, 0] = np.arange(n), 0.0
-    for i in np.flatnonzero(degree):
-        lo, hi = G.indptr[i], G.indptr[i + 1]
-        near = np.argsort(-G.data[lo:hi], kind="stable")[:m]
-        idx[i, 1:] = G.indices[lo:hi][near]
-        dst[i, 1:] = -np.log(np.minimum(G.data[lo:hi][near], 1.0))
-    dst[:, 1:] = np.where(np.isfinite(dst[:, 1:]), _positive(dst[:, 1:]), np.inf)
+    # each row's entries by decreasing membership, and their rank within the row
+    rows = np.repeat(np.arange(n), degree)
+    order = np.lexsort((-G.data, rows))
+    rank = np.arange(G.nnz) - G.indptr[rows]
+    near = rank < m
+    idx[rows[near], 1 + rank[near]] = G.indices[order[near]]
+    dst[rows[near], 1 + rank[near]] = -np.log(np.minimum(G.data[order[near]], 1.0))
+    dst[:, 1:] = _positive(dst[:, 1:])
     n_components = int(max(1, min(n_components, n - 2)))
     if n <= n_components + 2 or m < 1:
         return embed_graph(idx[:, 1:], dst[:, 1:], random_state, n_components)
