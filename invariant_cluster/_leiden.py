@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 
 import numpy as np
 
 # Leiden on the whole graph is igraph's (about 10 times faster than leidenalg's optimiser, the
 # same objective); leidenalg's optimiser merges the communities of a finer partition.
 _IGRAPH_ITERATIONS = 2
+
+# Maintenance note: igraph's Leiden draws from igraph's one process-wide generator, which
+# python-igraph can set but not read. Each run sets a generator of its own seed and then sets
+# back igraph's default (Python's ``random`` module), under this lock so that runs in threads do
+# not seed each other. A generator a user set with ``igraph.set_random_number_generator`` is
+# replaced by that default; leidenalg's ``seed=`` would leave it alone at about ten times the
+# cost a run (docs/design/leiden.rst).
+_RNG_LOCK = threading.Lock()
 
 
 def _igraph_leiden(net, resolution, random_state, n_iterations=None, initial=None):
@@ -25,15 +34,15 @@ def _igraph_leiden(net, resolution, random_state, n_iterations=None, initial=Non
 
     import igraph as ig
 
-    ig.set_random_number_generator(random.Random(int(random_state)))
-    try:
-        clusters = net.community_leiden(objective_function="modularity", weights="weight",
-                                        resolution=float(resolution),
-                                        initial_membership=initial,
-                                        n_iterations=(_IGRAPH_ITERATIONS if n_iterations is None
-                                                      else n_iterations))
-    finally:
-        ig.set_random_number_generator(random)
+    with _RNG_LOCK:
+        ig.set_random_number_generator(random.Random(int(random_state)))
+        try:
+            clusters = net.community_leiden(
+                objective_function="modularity", weights="weight", resolution=float(resolution),
+                initial_membership=initial,
+                n_iterations=_IGRAPH_ITERATIONS if n_iterations is None else n_iterations)
+        finally:
+            ig.set_random_number_generator(random)
     return list(clusters.membership)
 
 
