@@ -300,7 +300,7 @@ _MIN_PART_FRACTION = 0.02
 # Leiden runs (seeds drawn from random_state, _run_seeds) of which the typical one of highest
 # quality is taken (_best_partition), at resolution 1 for n_clusters=None and at each
 # resolution the count-given search runs on the whole graph: one run's partition depends on
-# its seed and on the order of the nodes (measured: docs/design/defaults.rst).
+# its seed and on the order of the nodes (measured: docs/design/leiden.rst).
 COUNT_RUNS = 10
 
 

@@ -6,8 +6,7 @@ threshold (at most 32 MiB by default) with a fresh ``mmap`` and returns it to th
 ``free``, so EVERY block pays the kernel's page faults again: on this project's 2-core machine
 (a virtual machine, where a fault is dear) a gather into a fresh 200 MB buffer ran at 2.2 GB/s
 against 10 GB/s into a reused one, and the exact candidate search spent about half its time
-faulting pages in (``benchmarks/results/scaling_*.json`` and the closing notes have the
-figures).
+faulting pages in (the figures: ``docs/design/cpu_search.rst``).
 
 :func:`heap_reuse` raises glibc's mmap and trim thresholds (``mallopt``) for the duration of a
 call, so that freed blocks stay in the heap and the next block reuses their pages, and on the

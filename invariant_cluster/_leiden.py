@@ -88,13 +88,13 @@ def _igraph_graph(graph):
 # worker rebuilds the graph from its edges and runs its share of the seeds; the runs, and so
 # the labels, are those of the serial loop. Where the workers were started while the search
 # ran on a card (:func:`leiden_workers`), from STARTED_RUNS_MIN_EDGES (the costs behind both:
-# docs/design/defaults.rst).
+# docs/design/leiden.rst).
 PARALLEL_RUNS_MIN_EDGES = 400_000
 STARTED_RUNS_MIN_EDGES = 100_000
 
 _MIN_EDGES = contextvars.ContextVar("invariant_cluster_leiden_min_edges", default=None)
 
-# A worker's resident memory: a base and a share per edge (measured: docs/design/defaults.rst).
+# A worker's resident memory: a base and a share per edge (measured: docs/design/leiden.rst).
 # The workers are a speed-up the runs can do without: together they take at most a quarter of
 # the memory available, else fewer of them run (none: the runs stay in the calling process).
 WORKER_BASE_BYTES = 100 * 2 ** 20

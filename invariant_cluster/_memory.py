@@ -257,10 +257,10 @@ def block_elements(device="cpu", bytes_per_element=4, fraction=0.25, *, cap=None
 # Maintenance note: bytes a fit holds per edge of its kNN graph in the grouping (the fuzzy graph's
 # CSR copies and the edge lists handed to igraph), and per pair of the candidate search beyond
 # its candidates (the pairs grouped by key, the excluded pairs' copy, the sort's indices and the
-# best grid point: four int64 and the distance). Calibrated with benchmarks/bench_memory.py
-# (fresh processes, peak RSS, Fashion-MNIST at the issue's search range, n_clusters=10 and None,
-# 10,000 and 70,000 images): see docs/user_guide/scaling.rst for the measured peaks and the
-# estimate beside them.
+# best grid point: four int64 and the distance). Calibrated on fresh processes' peak RSS
+# (Fashion-MNIST, max_rotation=15, n_rotations=7, max_translation=1, n_clusters=10 and None,
+# 10,000 and 70,000 images): docs/design/cpu_search.rst has the measured peaks and the estimate
+# beside them; tests/test_memory_estimate.py checks the estimate within 2x.
 GROUPING_BYTES_PER_EDGE = 40
 PAIR_BYTES = 4 * 8
 
@@ -273,8 +273,8 @@ def estimate_fit_bytes(n, n_features, k, n_candidates=0, *, element_size=4, devi
     The terms, each linear in ``n``: two images per sample (the fit's tensor of the distinct
     images and the means, or ``invariant_means_`` once both are freed), one more when filtered
     (the filtered images' copy in their own content's order, and the means' next values while
-    they attend to each other once; ``benchmarks/bench_memory.py`` measures with the filter
-    on); the kNN graph with its alignments and attention
+    they attend to each other once; ``tests/test_memory_estimate.py`` measures with the
+    filter on); the kNN graph with its alignments and attention
     weights; the candidate search's pairs (the shortlist's ``n_candidates`` per sample); the
     grouping's graphs (:data:`GROUPING_BYTES_PER_EDGE` per edge); with ``grouping_means``
     (``n_clusters=None``), the search of the means' graph among the ``k + k^2`` neighbours of

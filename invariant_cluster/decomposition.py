@@ -55,7 +55,7 @@ _SOFTMAX_DENSE_MAX = 2000
 # Maintenance note: the "auto" bandwidth of the invariant kernel. sigma^2 = _BANDWIDTH_FACTOR x
 # the median squared invariant distance to the n_neighbors-th neighbour (so the weights fall
 # gently within the neighbourhood and the graph sets the locality); chosen on MNIST rotated
-# within +-45 degrees (benchmarks/bench_kpca_features.py --sweep).
+# within +-45 degrees (examples/reproductions/kpca_features.py --sweep).
 _BANDWIDTH_FACTOR = 2.0
 
 
@@ -245,7 +245,7 @@ class KernelPCAAttention(SE2SearchMixin, ClassNamePrefixFeaturesOutMixin, Transf
     and so are the raw projections (standard deviation ``sqrt(lambda_d)``, about ``2e-4``): a
     regularised downstream model sees zeros (3-fold accuracy 0.17 with ``LogisticRegression`` on
     standardised digits). Whitened, the same features are usable; measured on digits
-    (``benchmarks/bench_kpca_features.py``), ``StandardScaler -> KernelPCAAttention(32) ->
+    (``examples/reproductions/kpca_features.py``), ``StandardScaler -> KernelPCAAttention(32) ->
     LogisticRegression`` reaches the accuracy of ``KernelPCA(32, kernel="rbf")`` in the same
     place. Whitening is exact attention too: since attention weights sum to 1, the whitened
     output is ``softmax(s Q K^T) W`` with the values ``W = (values_ - mean_) / sqrt(lambda)``.

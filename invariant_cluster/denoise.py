@@ -432,7 +432,7 @@ def estimate_noise_std(X, *, method="auto") -> float:
       (plus the images' own power there), with as few rings as small images have.
 
     Pooled over all channels and at most :data:`NOISE_SUBSET` images. The measured numbers
-    are in the user guide (``benchmarks/bench_noise_estimate.py``).
+    are in the user guide (``benchmarks/results/noise_estimate.json``).
 
     Parameters
     ----------

@@ -37,7 +37,7 @@ __all__ = ["approximate_shortlist"]
 # Maintenance note: an inverted file of about 2 sqrt(N) cells for N key copies, 8 of them
 # searched per query copy, each query copy asking for about 6 m / U key copies. The cells
 # searched hold at least about _MIN_SCANNED key copies: a small index (tests) is searched more
-# widely, which unstructured data needs (measured: docs/design/defaults.rst).
+# widely, which unstructured data needs (measured: docs/design/cpu_search.rst).
 _ENTRIES_PER_CANDIDATE = 6.0
 _CELLS_PER_SQRT = 2.0
 _PROBES = 8

@@ -29,13 +29,13 @@ __all__ = ["SearchPlan", "make_search_plan", "default_n_candidates"]
 # Work (keys x grid size) up to which neighbor_search="auto" searches exactly, per kind of
 # device. The exact search costs n_queries x n_keys x grid size warped inner products; the
 # shortlist's exact part is linear in n_keys. A card runs the products much faster than a CPU
-# but its warps, top-k merges and blocks much less so (measured: docs/design/defaults.rst).
+# but its warps, top-k merges and blocks much less so (measured: docs/design/gpu_plan.rst).
 EXACT_WORK = {"cpu": 4000 * 36, "cuda": 5 * 4000 * 36}
 
 # Keys from which the descriptor shortlist is found by faiss's inverted file instead of the
 # blocked all-pairs products (which cost n^2), per kind of device; on a card the blocked
 # products stay on the card, where faiss-cpu would copy the descriptors to the host (measured:
-# docs/design/defaults.rst).
+# docs/design/cpu_search.rst).
 FAISS_MIN_KEYS = {"cpu": 10_000, "cuda": 200_000}
 # Kinds of device whose samples' shortlist always takes the wider margin (see below).
 WIDE_SHORTLIST_KINDS = ("cuda",)
@@ -47,7 +47,7 @@ CANDIDATES_PER_NEIGHBOR = 4
 MIN_CANDIDATES = 64
 # Where faiss's approximate search finds the shortlist, and on a card for the blocked
 # shortlist too (WIDE_SHORTLIST_KINDS, where the exact search of the candidates is cheap), a
-# wider margin: 6 k candidates, at least 96 (measured recall: docs/design/defaults.rst).
+# wider margin: 6 k candidates, at least 96 (measured recall: docs/design/cpu_search.rst).
 APPROXIMATE_CANDIDATES_PER_NEIGHBOR = 6
 APPROXIMATE_MIN_CANDIDATES = 96
 # The kNN transformer shortlists for twice as many neighbours (8 k candidates, without the
@@ -57,7 +57,7 @@ GRAPH_CANDIDATE_FACTOR = 2
 # A self-search with a shortlist takes one more exact pass over the HOP_NEIGHBORS nearest
 # neighbours of each query's HOP_NEIGHBORS nearest neighbours. The search of the converged
 # means (purpose "means") takes none: it only adds edges to the union graph, and the means are
-# denoised; it keeps max(4 k, 64) candidates (measured recall: docs/design/defaults.rst).
+# denoised; it keeps max(4 k, 64) candidates (measured recall: docs/design/cpu_search.rst).
 HOP_NEIGHBORS = 10
 
 _PURPOSES = ("samples", "means", "graph")
