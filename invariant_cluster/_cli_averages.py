@@ -103,7 +103,7 @@ def one_step_averages(args, progress, X, den, ctf=None, rotation_center="geometr
 
     # the search's options: what class_averages shares with the kNN transformer
     params = shared_options(vars(args), InvariantKNeighborsTransformer, class_averages,
-                            skip=("image_shape", "n_neighbors", "center"))
+                            skip=("image_shape", "n_neighbors", "center", "rotation_center"))
     k = 10 if args.n_neighbors is None else args.n_neighbors
     if den is not None and args.denoise_size is not None:
         h, w = X.shape[-2:]
@@ -226,7 +226,8 @@ def cluster_ctf_averages(args, progress, X, ctf, rotation_center, fit):
 
     search = shared_options(est.get_params(deep=False), InvariantKNeighborsTransformer,
                             class_averages,
-                            skip=("image_shape", "n_neighbors", "device", "center"))
+                            skip=("image_shape", "n_neighbors", "device", "center",
+                                  "rotation_center"))
     with progress.stage(f"CTF-corrected averages of {est.n_clusters_} classes"), \
             _warnings_as_lines():
         averages, tau = class_averages(X, labels=est.labels_, ctf=ctf, snr=args.snr,

@@ -189,7 +189,9 @@ def _estimator_params(args, **fixed):
     """Only the options the user gave, so that the estimator's own defaults apply otherwise."""
     from .cluster import InvariantAttentionClusterer
 
-    params = shared_options(vars(args), InvariantAttentionClusterer, skip=("image_shape",))
+    # class-averages pads its images to the centre's frame itself (--rotation-center)
+    params = shared_options(vars(args), InvariantAttentionClusterer,
+                            skip=("image_shape", "rotation_center"))
     params["random_state"] = args.seed
     # on a terminal the estimator's progress bars are on (stderr), unless --quiet
     params["verbose"] = max(args.verbose, int(not getattr(args, "quiet", False)
