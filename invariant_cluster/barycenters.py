@@ -33,8 +33,9 @@ from .ctf import (
 from .denoise import DihedralPCA
 from .kneighbors import InvariantKNeighborsTransformer
 from .neighbors import aligned_weighted_sum
-from .search import make_search_grid
+from .search import candidate_search, make_search_grid, make_search_plan, refine_pairs
 from .search.descriptors import centred_images, shifted_images
+from .search.shortlist import _shortlist_of
 from .transforms import (
     centre_padding,
     check_rotation_center,
@@ -44,6 +45,10 @@ from .transforms import (
 )
 
 __all__ = ["invariant_mean", "class_averages", "aligned_neighbors"]
+
+# The search across CTF groups, shortlisted: of each image's candidates aligned on the grid
+# with the groups' filters, the nearest this many per neighbour are refined (refine=True).
+REFINE_POOL_PER_NEIGHBOR = 2
 
 
 def _check_labels(labels, n: int) -> np.ndarray:
@@ -134,8 +139,10 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         :func:`invariant_cluster.ctf.cross_ctf_filters`), so that two images of one view under
         different defoci match; phase-flipped images alone differ there by ``(|C_g| - |C_h|)
         p``, and the search prefers images of the image's own defocus. 1: the phase-flipped
-        images alone. Each pair of groups is one search: the cost grows with the number of
-        groups at small sizes (``benchmarks/results/cryoem_ctf.json``).
+        images alone. Where the search is shortlisted (``neighbor_search``), the descriptors of
+        the phase-flipped images list each image's candidates once and only those are aligned
+        with their groups' filters, one search per group; where it is exact, each pair of
+        groups is one search, and the cost grows with the number of groups.
     snr : None, "auto" or float, default=None
         The Wiener term of the averages (``labels=None`` and given: single-channel images):
         with the images' power spectrum, the noise measured on them (``"auto"``) or one image's
@@ -281,16 +288,33 @@ def _subset(ctf, index):
     return None if ctf is None else ctf[torch.as_tensor(index).cpu().numpy()]
 
 
-def _ctf_corrected(warped, ctf, params, reg):
+def _ctf_corrected(warped, ctf, params, reg, C=None):
     """Wiener estimates ``(b, H, W)`` of groups of aligned images ``warped`` ``(b, k, H, W)``
     whose CTFs are ``ctf`` (``b k`` images; None: no CTF) turned by their alignments
-    ``params`` ``(b k, 3 or 4)``."""
+    ``params`` ``(b k, 3 or 4)``; ``C``: those turned CTFs ``(b k, H, W // 2 + 1)`` if known."""
     b, k, h, w = warped.shape
     if ctf is None:
         return wiener_combine(warped, warped.new_ones((b, k, 1, 1)), reg)
-    C = ctf_images(ctf.warped(params.reshape(b * k, -1)), (h, w), dtype=warped.dtype,
-                   device=warped.device, half=True)
+    if C is None:
+        C = ctf_images(ctf.warped(params.reshape(b * k, -1)), (h, w), dtype=warped.dtype,
+                       device=warped.device, half=True)
     return wiener_combine(warped, C.reshape(b, k, *C.shape[-2:]), reg)
+
+
+def _turned_ctfs(ctf, index, params, radial, shape, like):
+    """The CTFs ``(m, H, W // 2 + 1)`` of images ``index`` ``(m,)`` turned by ``params``
+    ``(m, 3 or 4)``: those without astigmatism (``radial``: the row of each image in
+    ``radial[1]``, the CTFs ``(r, H, W // 2 + 1)`` of those images, or -1) are the same turned
+    (a turn changes only the astigmatism's angle), the others are computed."""
+    rows, values = radial
+    at = torch.as_tensor(rows[index.cpu().numpy()], device=like.device)
+    C = values[at.clamp(min=0)]
+    turned = torch.nonzero(at < 0).flatten()
+    if len(turned):
+        sub = turned.cpu().numpy()
+        C[turned] = ctf_images(_subset(ctf, index[sub]).warped(params[sub]), shape,
+                               dtype=like.dtype, device=like.device, half=True)
+    return C
 
 
 def _one_step_ctf_average(Xp, ind, tau, ctf, reg, shape):
@@ -302,16 +326,26 @@ def _one_step_ctf_average(Xp, ind, tau, ctf, reg, shape):
     tau = torch.as_tensor(tau, dtype=Xp.dtype)
     params = torch.cat([torch.zeros_like(tau[:, :1]), tau], 1)
     k = idx.shape[1]
+    # the CTFs of the images without astigmatism, once: turned by any alignment they are the
+    # same
+    radial = None
+    if ctf is not None:
+        round_ = np.flatnonzero(np.asarray(ctf.defocus_u) == np.asarray(ctf.defocus_v))
+        rows = np.full(n, -1, dtype=np.int64)
+        rows[round_] = np.arange(len(round_))
+        radial = (rows, ctf_images(ctf[round_], (h, w), dtype=Xp.dtype, device=dev, half=True)
+                  if len(round_) else Xp.new_zeros((1, h, w // 2 + 1)))
     # rows per block: the warped images, their spectra and CTFs, about 8 copies of b k H W
     step = int(max(1, min(n, 2 ** 25 // max(1, 8 * k * h * w))))
     out = []
     with torch.no_grad():
         for r in range(0, n, step):  # blocks of rows; each block batched over its pairs
             i, p = idx[r:r + step], params[r:r + step]
-            warped = fast_warp(Xp[i.reshape(-1).to(dev)], p.reshape(-1, p.shape[-1]).to(dev))
+            flat, pf = i.reshape(-1), p.reshape(-1, p.shape[-1])
+            warped = fast_warp(Xp[flat.to(dev)], pf.to(dev))
             warped = warped[:, 0, :h, :w].reshape(len(i), k, h, w)
-            out.append(_ctf_corrected(warped, _subset(ctf, i.reshape(-1)),
-                                      p.reshape(-1, p.shape[-1]), reg))
+            C = None if ctf is None else _turned_ctfs(ctf, flat, pf, radial, (h, w), warped)
+            out.append(_ctf_corrected(warped, ctf, pf, reg, C=C))
     return torch.cat(out)[:, None]
 
 
@@ -434,18 +468,140 @@ def _search_copies(Q, K, same, k, pca, shape, *, center, device, max_translation
                                          **search_kw).fit(keys)
     dist, ind, tau = knn.kneighbors(None if same else copy(Q, d_q)[0], return_alignments=True)
     if offsets is not None:
-        # T_(0, d_i) T_tau T_(0, -d_j), as the transformer composes its own centring
-        to_i = shift_params(d_q)[:, None]
-        from_j = shift_params(-np.asarray(d_k))[ind]
-        tau = compose_se2(np.broadcast_to(to_i, from_j.shape),
-                          compose_se2(tau, from_j))[..., :tau.shape[-1]]
+        tau = _uncentred(tau, ind, d_q, d_k)
     tau[..., 1:3] *= scale  # shifts on the denoised copy's pixels, in the input's
     return dist, ind, tau
 
 
-def _cross_ctf_neighbors(cross, padded, k, pca, *, center, **search_kw):
-    """:func:`_aligned_neighbors` of phase-flipped images compared across CTF groups: for each
-    pair of groups ``(g, h)``, the images of ``g`` filtered by ``filters[g, h]`` are searched
+def _uncentred(tau, ind, d_q, d_k):
+    """Alignments ``tau`` ``(n, k, 3 or 4)`` of centred copies (query ``i`` by its offset
+    ``d_q[i]``, key ``ind[i, j]`` by ``d_k[ind[i, j]]``) as alignments of the images given:
+    ``T_(0, d_i) T_tau T_(0, -d_j)``, as the transformer composes its own centring."""
+    to_i = shift_params(d_q)[:, None]
+    from_j = shift_params(-np.asarray(d_k))[ind]
+    return compose_se2(np.broadcast_to(to_i, from_j.shape),
+                       compose_se2(tau, from_j))[..., :tau.shape[-1]]
+
+
+def _cross_ctf_neighbors(cross, padded, k, pca, *, center, device, max_translation, refine,
+                         neighbor_search, **search_kw):
+    """:func:`_aligned_neighbors` of phase-flipped images compared across CTF groups.
+
+    The images of two groups ``g`` and ``h`` are compared filtered by ``filters[g, h]`` and
+    ``filters[h, g]`` (:func:`~invariant_cluster.ctf.cross_ctf_filters`). Where the search plan
+    of the images is exact (few images, or ``neighbor_search="exact"``), every pair of groups
+    is searched (:func:`_cross_ctf_exhaustive`). Otherwise the rotation-steerable descriptors
+    of the phase-flipped images shortlist the plan's candidates for each image, as the search
+    of the phase-flipped images alone does, and only those pairs are aligned on the grid with
+    their groups' filters (:func:`~invariant_cluster.search.candidate_search`, one search per
+    group of queries), refined where ``refine`` asks, and ranked: one search instead of one per
+    pair of groups. ``cross``: ``(flipped, groups, filters, rotation_center)``, the
+    phase-flipped images ``(n, 1, H, W)`` before the rotation centre's padding, each one's
+    group, the filters; ``padded``: the same images padded (the search's frame). With
+    ``center``, each image is centred by the centre of mass of its phase-flipped copy, the same
+    in every comparison (a filtered copy's own centre depends on the filter).
+    """
+    flipped, groups, filters, rc = cross
+    n, (h, w) = flipped.shape[0], flipped.shape[-2:]
+    n_groups = filters.shape[0]
+    shape = tuple(padded.shape[1:])
+    search_shape = shape if pca is None else tuple(pca.image_shape_out_)
+    scale = 1.0 if pca is None else pca.scale_
+    grid = make_search_grid(search_kw["group"], search_kw["max_rotation"],
+                            search_kw["n_rotations"], max_translation / scale, refine,
+                            search_kw["reflection"], image_shape=search_shape)
+    plan = make_search_plan(n, n, grid.size, k, device=device, method=neighbor_search,
+                            purpose="graph", self_search=True)
+    if plan.method == "exact":
+        return _cross_ctf_exhaustive(cross, padded, k, pca, center=center, device=device,
+                                     max_translation=max_translation, refine=refine,
+                                     neighbor_search=neighbor_search, **search_kw)
+
+    def copies(Y):
+        """The search's copies (flat NumPy rows) of images ``Y`` ``(m, 1, H', W')``."""
+        return Y.reshape(Y.shape[0], -1).cpu().numpy() if pca is None else pca.transform(
+            Y.cpu().numpy())
+
+    base = copies(padded)
+    d = centred_images(base, search_shape)[1] if center else None
+    if d is not None:
+        base = shifted_images(base, search_shape, d)
+    # the candidates: the descriptor shortlist of the phase-flipped copies
+    Xc = torch.as_tensor(base, device=device).reshape(-1, *search_shape)
+    cand = _shortlist_of(Xc, Xc, grid, plan.n_candidates, torch.arange(n, device=device),
+                         "steerable", plan.approximate).cpu().numpy()
+    del Xc, base
+    c = cand.shape[1]
+    spectra = torch.fft.rfft2(flipped[:, 0])
+    lab = torch.as_tensor(groups, device=spectra.device)
+
+    def filtered(rows, filt):
+        """The search's copies ``(m, *search_shape)`` of images ``rows`` filtered by ``filt``
+        (one filter, or one per row), centred by their offsets."""
+        rows = torch.as_tensor(rows, device=spectra.device)
+        Y = pad_for_centre(torch.fft.irfft2(spectra[rows] * filt, s=(h, w))[:, None], rc)
+        flat = copies(Y)
+        if d is not None:
+            flat = shifted_images(flat, search_shape, d[rows.cpu().numpy()])
+        return torch.as_tensor(flat, device=device).reshape(-1, *search_shape)
+
+    pool = min(c, REFINE_POOL_PER_NEIGHBOR * k)
+    dist = np.full((n, k), np.inf)
+    ind = np.zeros((n, k), dtype=np.int64)
+    tau = np.zeros((n, k, grid.n_params))
+    with torch.no_grad():
+        for g in range(n_groups):  # query groups; each batched over its images and all keys
+            q = np.flatnonzero(groups == g)
+            if len(q) == 0:
+                continue
+            # every image j as a key of group g's queries: filtered by filters[h_j, g]
+            keys = filtered(np.arange(n), filters[lab, g])
+            # each query once per key group hh (filtered by filters[g, hh]), listing its
+            # candidates of that group, padded with its own index (left out: never computed)
+            queries = torch.cat([filtered(q, filters[g, hh]) for hh in range(n_groups)])
+            cq = cand[q]
+            cg = groups[cq]
+            counts = np.stack([(cg == hh).sum(1) for hh in range(n_groups)], 1)
+            width = max(1, int(counts.max()))
+            order = np.argsort(cg, axis=1, kind="stable")
+            cg_sorted = np.take_along_axis(cg, order, 1)
+            starts = np.cumsum(counts, 1) - counts
+            slot = np.arange(cq.shape[1])[None] - np.take_along_axis(starts, cg_sorted, 1)
+            lists = np.broadcast_to(q[None, :, None], (n_groups, len(q), width)).copy()
+            rows = np.broadcast_to(np.arange(len(q))[:, None], cq.shape)
+            lists[cg_sorted, rows, slot] = np.take_along_axis(cq, order, 1)
+            own = torch.as_tensor(np.tile(q, n_groups), device=device)
+            dd, ii, pp = candidate_search(
+                queries, keys, torch.as_tensor(lists.reshape(-1, width), device=device), grid,
+                batch_size=search_kw.get("batch_size"), exclude=own)
+            # per query, its lists of all key groups, the pool nearest on the grid
+            dd = dd.reshape(n_groups, len(q), width).transpose(0, 1).reshape(len(q), -1)
+            ii = ii.reshape(n_groups, len(q), width).transpose(0, 1).reshape(len(q), -1)
+            pp = pp.reshape(n_groups, len(q), width, -1).transpose(0, 1).reshape(
+                len(q), n_groups * width, -1)
+            kk = min(pool, dd.shape[1])
+            top = torch.topk(dd, kk, dim=1, largest=False, sorted=True).indices
+            dd, ii = dd.gather(1, top), ii.gather(1, top)
+            pp = pp.gather(1, top[..., None].expand(-1, -1, pp.shape[-1]))
+            if grid.refine and any(grid.free):
+                real = torch.isfinite(dd)
+                a = torch.arange(len(q), device=device)[:, None].expand_as(ii)
+                qi = (lab.to(device)[ii] * len(q) + a)[real]
+                dr, pr = refine_pairs(queries, keys, qi, ii[real], pp[real], grid)
+                dd[real], pp[real] = dr, pr
+            best = torch.argsort(dd, dim=1, stable=True)[:, :k]
+            dist[q] = dd.gather(1, best).cpu().numpy()
+            ind[q] = ii.gather(1, best).cpu().numpy()
+            tau[q] = pp.gather(1, best[..., None].expand(-1, -1, pp.shape[-1])).cpu().numpy()
+    if d is not None:
+        tau = _uncentred(tau, ind, d, d)
+    tau[..., 1:3] *= scale  # shifts on the denoised copy's pixels, in the input's
+    return ind, tau
+
+
+def _cross_ctf_exhaustive(cross, padded, k, pca, *, center, **search_kw):
+    """:func:`_cross_ctf_neighbors` with every pair compared: for each pair of groups
+    ``(g, h)``, the images of ``g`` filtered by ``filters[g, h]`` are searched
     among those of ``h`` filtered by ``filters[h, g]`` (:func:`~invariant_cluster.ctf.
     cross_ctf_filters`), and each image keeps the ``k`` nearest of all its groups' lists.
     ``cross``: ``(flipped, groups, filters, rotation_center)``, the phase-flipped images

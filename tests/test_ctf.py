@@ -250,6 +250,19 @@ class TestClassAverages:
         plain = class_averages(y, n_neighbors=5, n_rotations=4, refine=False, device="cpu")
         assert np.abs(plain - clean).max() / np.abs(clean).max() > 0.3
 
+    def test_one_step_with_round_and_astigmatic_ctfs(self):
+        # the CTFs of images without astigmatism are computed once (a turn leaves them as they
+        # are), the others turned per pair: a stack mixing both is recovered as well
+        clean, _, ctf, _ = self.setup_data()
+        dv = ctf.defocus_v.copy()
+        dv[::2] = ctf.defocus_u[::2]
+        mixed = CTF(ctf.defocus_u, dv, ctf.defocus_angle, voltage=200,
+                    spherical_aberration=2.0, pixel_size=5.0)
+        y = apply_ctf(clean, mixed).astype(np.float32)
+        avg = class_averages(y, n_neighbors=5, ctf=mixed, snr=1e6, n_rotations=4,
+                             refine=False, device="cpu")
+        assert np.abs(avg - clean).max() / np.abs(clean).max() < 1e-3
+
     def test_labels_recover_each_view(self):
         clean, y, ctf, label = self.setup_data()
         means, tau = class_averages(y, labels=label, ctf=ctf, snr=1e6, n_rotations=4,
@@ -354,8 +367,11 @@ class TestCrossCTF:
         np.testing.assert_allclose(a, b, atol=1e-10 * np.abs(p).max())
         assert np.abs(flipped[0] - flipped[1]).max() > 0.1 * np.abs(p).max()
 
+    @pytest.mark.parametrize("search", ["auto", "shortlist"])
     @pytest.mark.parametrize("refine", [False, True])
-    def test_neighbours_across_defocus(self, refine):
+    def test_neighbours_across_defocus(self, refine, search):
+        # "auto": every pair of groups searched (few images); "shortlist": the candidates of
+        # the phase-flipped images aligned with the groups' filters
         # two close views, 8 quarter-turned copies each, half at 1 um and half at 2.5 um
         a = projection(33, seed=0, border=3)
         views = [a, a + 0.3 * projection(33, seed=1, border=3)]
@@ -363,7 +379,8 @@ class TestCrossCTF:
         label = np.repeat([0, 1], 8)
         ctf = CTF(np.tile(np.repeat([10000.0, 25000.0], 4), 2), **self.KW)
         y = apply_ctf(clean, ctf).astype(np.float32)
-        kw = dict(n_neighbors=7, ctf=ctf, n_rotations=4, refine=refine, device="cpu")
+        kw = dict(n_neighbors=7, ctf=ctf, n_rotations=4, refine=refine, device="cpu",
+                  neighbor_search=search)
         ind, tau = aligned_neighbors(y, **kw)
         assert (label[ind] == label[:, None]).all()
         # the alignments still map each neighbour onto its image (quarter turns)
@@ -378,7 +395,8 @@ class TestCrossCTF:
         avg = class_averages(y, snr=1e6, **kw)
         assert np.abs(avg - clean).max() < 1e-3 * np.abs(clean).max()
 
-    def test_centred_across_defocus(self):
+    @pytest.mark.parametrize("search", ["auto", "shortlist"])
+    def test_centred_across_defocus(self, search):
         # the same with copies shifted by up to 2 px and centre=True: each image is centred
         # once (by its phase-flipped copy), and the alignments still map the images given
         a = projection(33, seed=0, border=4)
@@ -390,7 +408,7 @@ class TestCrossCTF:
         ctf = CTF(np.tile(np.repeat([10000.0, 25000.0], 4), 2), **self.KW)
         y = apply_ctf(clean, ctf).astype(np.float32)
         kw = dict(n_neighbors=7, ctf=ctf, n_rotations=4, max_translation=1, center=True,
-                  device="cpu")
+                  device="cpu", neighbor_search=search)
         ind, tau = aligned_neighbors(y, **kw)
         assert (label[ind] == label[:, None]).all()
         err = max(np.abs(warp_se2(clean[j][None].astype(np.float32), t[None])[0] - clean[i]).max()
@@ -398,6 +416,54 @@ class TestCrossCTF:
         assert err < 0.02 * np.abs(clean).max()
         ind1, _ = aligned_neighbors(y, ctf_groups=1, **kw)
         assert (label[ind1] == label[:, None]).mean() < 0.6
+
+    def test_shortlisted_search_matches_exhaustive_reference(self):
+        # the shortlisted search across groups aligns, with the groups' filters, only the
+        # candidates that the descriptors of the phase-flipped images list (64 of 99 here): on
+        # 100 images of 5 views, each under 4 defocus values and 4 quarter turns, it keeps the
+        # neighbours of every pair compared across groups, in float64 (the cross filters
+        # written out from RELION's formula)
+        L, k, eps = 33, 5, 1e-3
+        dfs = [10000.0, 15000.0, 20000.0, 25000.0]
+        views = [projection(L, seed=s, border=3) for s in range(5)]
+        clean = np.stack([np.rot90(v, c % 4) for v in views for c in range(20)])
+        df = np.tile([dfs[(c // 4) % 4] for c in range(20)], 5)
+        ctf = CTF(df, **self.KW)
+        rng = np.random.default_rng(0)
+        y = apply_ctf(clean, ctf) + rng.normal(0, 0.03 * np.abs(clean).max(), clean.shape)
+        y = y.astype(np.float32)
+        C = {d: reference_ctf(L, L, du=d, dv=d, angle_deg=0.0, kv=200.0, cs_mm=2.0, amp=0.1,
+                              px=5.0) for d in dfs}
+        F = np.fft.fft2(y.astype(np.float64))
+        n = len(y)
+        ref = np.full((n, n), np.inf)
+        for i in range(n):
+            for j in range(n):
+                if i != j:
+                    ci, cj = C[df[i]], C[df[j]]
+                    den = np.sqrt(ci ** 2 + cj ** 2 + eps)
+                    a = np.fft.ifft2(F[i] * np.sign(ci) * np.abs(cj) / den).real
+                    b = np.fft.ifft2(F[j] * np.sign(cj) * np.abs(ci) / den).real
+                    ref[i, j] = min(((a - np.rot90(b, r)) ** 2).sum() for r in range(4))
+        kw = dict(n_neighbors=k, ctf=ctf, n_rotations=4, refine=False, device="cpu")
+        ind, tau = aligned_neighbors(y, neighbor_search="shortlist", **kw)
+        want = np.sort(ref, 1)[:, :k]
+        got = np.sort(np.take_along_axis(ref, ind, 1), 1)
+        np.testing.assert_allclose(got, want, rtol=1e-4)
+        # the quarter turns found map each neighbour's clean view onto the image's
+        view = np.repeat(np.arange(5), 20)
+        assert (view[ind] == view[:, None]).all()
+        for i in range(n):
+            for j, t in zip(ind[i], tau[i]):
+                warped = warp_se2(clean[j][None].astype(np.float32), t[None])[0]
+                np.testing.assert_allclose(warped, clean[i], atol=1e-4)
+        # the exhaustive search of every pair of groups finds the same
+        ind_all, _ = aligned_neighbors(y, neighbor_search="exact", **kw)
+        np.testing.assert_allclose(np.sort(np.take_along_axis(ref, ind_all, 1), 1), want,
+                                   rtol=1e-4)
+        # and the phase-flipped images alone do not
+        ind1, _ = aligned_neighbors(y, ctf_groups=1, **kw)
+        assert not np.allclose(np.sort(np.take_along_axis(ref, ind1, 1), 1), want, rtol=1e-4)
 
     @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])
     def test_bad_ctf_groups(self, bad):
