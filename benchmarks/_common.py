@@ -1,7 +1,9 @@
 """The benchmarks' shared runner: data, metrics, the machine record, the JSON and its table.
 
-Every benchmark writes its result with :func:`write_json`: the records it measured, the
-machine (``env``), and ``"table"``, the rows that ``make_tables.py`` turns into the README's
+Every benchmark writes its result with :func:`write_json` into one file,
+``results/<benchmark>.json``, as a run of its ``"runs"`` mapping (one per suite, keyed by a
+short name; ``"default"`` for the script's defaults): the records it measured, the machine
+(``env``), and ``"table"``, the rows that ``make_tables.py`` turns into the README's
 and the documentation's tables, one schema for all (data, method, metric, value, machine,
 date); it then prints a one-line summary.
 """
@@ -94,20 +96,41 @@ def table(result: dict, records, data, method, metrics: dict) -> list[dict]:
     return out
 
 
-def write_json(obj, path: Path, table_rows=None):
-    """Write the result with its table (``table_rows(obj)``, else rows derived from its
-    records by ``make_tables.derived_rows``) and print a one-line summary."""
+def read_runs(path: Path) -> dict:
+    """The runs of the result file ``path`` (``{}`` when it does not exist yet)."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    doc = json.loads(path.read_text())
+    if not (isinstance(doc, dict) and isinstance(doc.get("runs"), dict)):
+        raise ValueError(f"{path}: expected a result file with a 'runs' mapping, got "
+                         f"{type(doc).__name__} without one")
+    return doc["runs"]
+
+
+def write_json(obj, path: Path, table_rows=None, run: str = "default"):
+    """Write the result as the run ``run`` of the file ``path``, with its table
+    (``table_rows(obj)``, else rows derived from its records by ``make_tables.derived_rows``),
+    and print a one-line summary.
+
+    A file holds one benchmark: ``{"benchmark": NAME, "runs": {RUN: result}}``; the other runs
+    in it are kept as they are, so that a suite's rerun updates only its own run.
+    """
     from make_tables import derived_rows
 
+    if not isinstance(run, str) or not run:
+        raise ValueError(f"run: expected a non-empty string, got {run!r}")
     obj = {k: v for k, v in obj.items() if k != "table"}
     obj["table"] = table_rows(obj) if table_rows is not None else derived_rows(obj)
     path = Path(path)
+    runs = read_runs(path)
+    runs[run] = obj
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=2) + "\n")
+    path.write_text(json.dumps({"benchmark": path.stem, "runs": runs}, indent=2) + "\n")
     env = obj.get("env") or obj.get("environment") or {}
     print(f"{obj.get('benchmark', path.stem)}: {len(obj['table'])} figures "
           f"({len({r['data'] for r in obj['table']})} tables) on {machine(env)}, "
-          f"{env.get('date', 'undated')}: wrote {path}")
+          f"{env.get('date', 'undated')}: wrote run {run!r} of {path}")
     return obj
 
 

@@ -115,12 +115,15 @@ def main(argv=None):
     p.add_argument("--n-large", type=int, default=1000, help="images for our rate at scale")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(RESULTS / "alignment.json"))
+    p.add_argument("--run", default=None,
+                   help="the run's key in the JSON (default: 'quick' with --quick, else 'default')")
     args = p.parse_args(argv)
     if args.quick:
         args.n_ref, args.n_large, args.n_rotations = 6, 60, 8
     torch.set_num_threads(max(1, torch.get_num_threads()))
     result = run(args)
-    write_json(result, __import__("pathlib").Path(args.out), table_rows)
+    write_json(result, __import__("pathlib").Path(args.out), table_rows,
+               run=args.run or ("quick" if args.quick else "default"))
     return result
 
 

@@ -221,7 +221,8 @@ def run_estimator_only(args):
         print_table(rows[-1:], ["variant", "n", "acc", "seconds", "peak_rss_mb"])
     result = {"benchmark": "clustering_estimator_memory", "env": environment(),
               "args": vars(args), "rows": rows}
-    write_json(result, Path(args.out or RESULTS / "clustering_estimator_memory.json"))
+    write_json(result, Path(args.out or RESULTS / "clustering.json"),
+               run=args.run or "estimator_memory")
     return result
 
 
@@ -246,18 +247,21 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true")
     p.add_argument("--estimator-only", action="store_true",
                    help="fit only InvariantAttentionClusterer(n_clusters=10): its own peak RSS")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="the JSON (default: results/clustering.json)")
+    p.add_argument("--run", default=None,
+                   help="the run's key in the JSON (default: 'quick' with --quick, "
+                        "'estimator_memory' with --estimator-only, else 'default')")
     args = p.parse_args(argv)
     if args.estimator_only:
         return run_estimator_only(args)
     rows_spec = args.rows or (["rotated45:500"] if args.quick else DEFAULT_ROWS)
     result = {"benchmark": "clustering", "env": environment(), "args": vars(args), "rows": []}
-    out = Path(args.out or RESULTS / ("clustering_quick.json" if args.quick
-                                      else "clustering.json"))
+    out = Path(args.out or RESULTS / "clustering.json")
+    run = args.run or ("quick" if args.quick else "default")
     for spec in rows_spec:
         variant, n = spec.split(":")
         result["rows"] += run_row(variant, int(n), args.seed, args.data)
-        write_json(result, out, table_rows)  # after every row: a long run keeps it
+        write_json(result, out, table_rows, run=run)  # after every row: a long run keeps it
     print()
     print_table(result["rows"], ["variant", "n", "method", "acc", "nmi", "ari", "seconds",
                                  "peak_rss_mb"])

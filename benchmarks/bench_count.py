@@ -48,12 +48,12 @@ again.
 
     python benchmarks/bench_count.py --quick --kinds digits8 --out /tmp/count_quick.json
     python benchmarks/bench_count.py                      # the 150 copy sets (long)
-    python benchmarks/bench_count.py --seed 1 --methods estimator --given \
-        --out benchmarks/results/count_seed1.json           # other draws, the estimator only
-    python benchmarks/bench_count.py --no-sweep --natural --fashion
-    python benchmarks/bench_count.py --no-sweep --duplicates
+    python benchmarks/bench_count.py --seed 1 --methods estimator --given   # run draws_seed1
+    python benchmarks/bench_count.py --no-sweep --natural --fashion        # run natural_2000
     python benchmarks/bench_count.py --no-sweep --duplicates --duplicates-all \
-        --duplicates-natural-n 0 --out benchmarks/results/count_duplicates_all.json
+        --duplicates-natural-n 0                                          # run duplicates
+
+Each suite is a run of ``benchmarks/results/count.json``, named after its options (``--run``).
 """
 
 from __future__ import annotations
@@ -571,6 +571,17 @@ def table_rows(result):
     return (table(result, summary, lambda r: data, name, cells)
             + table(result, everyone, lambda r: data, name, more))
 
+def default_run(args) -> str:
+    """The run's key named after the suite the options select."""
+    if args.quick:
+        return "quick"
+    if args.natural:
+        return "natural_" + "_".join(str(n) for n in args.natural_n)
+    if args.duplicates:
+        return "jitter" if args.kinds == ["mnist_shift"] else "duplicates"
+    return f"draws_seed{args.seed}" if args.seed else "default"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=None, help="folder with the MNIST/Fashion-MNIST test splits")
@@ -599,7 +610,10 @@ def main(argv=None):
     p.add_argument("--duplicates-natural-n", type=int, default=2000,
                    help="rotated MNIST size of the duplicate checks (0: skip)")
     p.add_argument("--out", default=str(RESULTS / "count.json"))
+    p.add_argument("--run", default=None, help="the run's key in the JSON (default: from the "
+                   "options: quick, natural_N, jitter, duplicates, draws_seedN or default)")
     args = p.parse_args(argv)
+    run = args.run or default_run(args)
     if args.quick:
         args.shapes = [s for s in args.shapes if s in (2, 5)] or [2, 5]
         args.copies = [c for c in args.copies if c in (3, 40)] or [3, 40]
@@ -614,7 +628,7 @@ def main(argv=None):
 
     def save():
         result["summary"] = summarize(result["rows"])
-        write_json(result, out, table_rows)
+        write_json(result, out, table_rows, run=run)
 
     if not args.no_sweep:
         for kind in args.kinds:

@@ -73,10 +73,11 @@ Commands::
     ASPIRE_PYTHON=/work/aspire-venv/bin/python python benchmarks/bench_cryoem.py --quick
     python benchmarks/bench_cryoem.py --snr 1 --shift 0 --skip-aspire   # reuse the .npz
 
-Writes ``benchmarks/results/cryoem.json`` (``cryoem_quick.json`` with ``--quick``).
+Writes the run ``default`` of ``benchmarks/results/cryoem.json`` (``quick`` with ``--quick``;
+``--run`` names another).
 
-The CTF suite (``--suite ctf``, ``benchmarks/results/cryoem_ctf.json``) compares, on the full
-``L x L`` images (no crop) with and without a CTF (``--ctf no yes``):
+The CTF suite (``--suite ctf``, run ``ctf`` of ``benchmarks/results/cryoem.json``) compares,
+on the full ``L x L`` images (no crop) with and without a CTF (``--ctf no yes``):
 
 - data: the same volume; with CTF, 7 defocus groups from 1.5 to 2.5 um (ASPIRE's
   ``RadialCTFFilter``, 200 kV, Cs 2.0 mm, amplitude contrast 0.1, pixel 5 A); offsets of 0 or
@@ -579,7 +580,8 @@ def run_ctf_suite(args, p, env, workdir):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _common import RESULTS, environment, print_table, write_json
 
-    out = Path(args.out) if args.out else RESULTS / "cryoem_ctf.json"
+    out = Path(args.out) if args.out else RESULTS / "cryoem.json"
+    run = args.run or ("ctf_quick" if args.quick else "ctf")
     rows, versions = [], set()
 
     def summary():
@@ -609,10 +611,10 @@ def run_ctf_suite(args, p, env, workdir):
         new = ours_ctf_part(data, args)
         print_table(new, cols)
         rows.extend(new)
-        write_json(summary(), out)
+        write_json(summary(), out, run=run)
     print()
     print_table(rows, cols)
-    write_json(summary(), out)
+    write_json(summary(), out, run=run)
 
 
 # --------------------------------------------------------------------------- driver
@@ -620,7 +622,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--suite", choices=["aspire-classes", "ctf"], default="aspire-classes",
                    help="'ctf': Cov2D and our averages with and without a CTF, on the full "
-                        "images (cryoem_ctf.json)")
+                        "images (run 'ctf' of cryoem.json)")
     p.add_argument("--ctf", type=lambda t: t == "yes", nargs="+", default=[False, True],
                    metavar="no|yes", help="the CTF suite's settings (default: no yes)")
     p.add_argument("--ctf-shift", type=float, nargs="+", default=[0.0], metavar="PX",
@@ -663,7 +665,10 @@ def main(argv=None):
     p.add_argument("--pca-size", type=int, default=24,
                    help="output_size of the DihedralPCA of '-pca' methods")
     p.add_argument("--quick", action="store_true", help="n = 600, SNR 1, no shift")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="the JSON (default: results/cryoem.json)")
+    p.add_argument("--run", default=None, help="the run's key in the JSON (default: 'ctf' with "
+                   "--suite ctf, 'quick' with --quick, else 'default'; the other committed runs "
+                   "are named ctf_128, ctf_20000, ctf_k20, ctf_shift2, ctf_snr1)")
     # used by --part aspire
     p.add_argument("--snr-one", type=float, help=argparse.SUPPRESS)
     p.add_argument("--shift-one", type=float, help=argparse.SUPPRESS)
@@ -694,8 +699,8 @@ def main(argv=None):
         run_ctf_suite(args, p, env, workdir)
         return
     rows, versions = [], set()
-    out = Path(args.out) if args.out else RESULTS / (
-        "cryoem_quick.json" if args.quick else "cryoem.json")
+    out = Path(args.out) if args.out else RESULTS / "cryoem.json"
+    run = args.run or ("quick" if args.quick else "default")
 
     def summary(rows):
         return {"benchmark": "cryoem", "n": args.n, "L": args.L, "n_avg": args.n_avg,
@@ -725,13 +730,13 @@ def main(argv=None):
             print_table(new, ["snr", "shift", "method", "nbr10", "med_angle", "corr",
                               "corr_detail"])
             rows.extend(new)
-            write_json(summary(rows), out)  # after every setting: a partial run keeps its rows
+            write_json(summary(rows), out, run=run)  # after every setting: a partial run keeps it
 
     cols = ["snr", "shift", "method", "nbr10", "med_angle", "share_mirrored", "corr", "corr_detail",
             "seconds_neighbors", "seconds_averages", "seconds_averages_all_n", "seconds_fit"]
     print()
     print_table(rows, cols)
-    write_json(summary(rows), out)
+    write_json(summary(rows), out, run=run)
 
 
 if __name__ == "__main__":

@@ -209,7 +209,9 @@ def main(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--n", type=int, default=None, help="Fashion-MNIST images (default: all)")
     p.add_argument("--quick", action="store_true", help="2,000 images per row")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="the JSON (default: results/gpu.json)")
+    p.add_argument("--run", default=None,
+                   help="the run's key in the JSON (default: 'quick' with --quick, else 'default')")
     p.add_argument("--rows", default="fashion,exact,knn,tf32,mnist,transformer,fresh",
                    help="rows to run, comma separated (default: all)")
     p.add_argument("--profile", default=None,
@@ -223,14 +225,15 @@ def main(argv=None):
     if args.quick:
         args.n = args.n or 2000
     dev = args.device
-    out = Path(args.out or RESULTS / ("gpu_quick.json" if args.quick else "gpu.json"))
+    out = Path(args.out or RESULTS / "gpu.json")
+    run = args.run or ("quick" if args.quick else "default")
     result = {"benchmark": "gpu", "env": environment(), "args": vars(args), "rows": []}
     rows = result["rows"]
 
     def add(row):
         rows.append(row)
         print_table([row], [k for k in row if k not in ("plan",)])
-        write_json(result, out, table_rows)
+        write_json(result, out, table_rows, run=run)
 
     X, y, source = fashion(args)
     n = len(X)

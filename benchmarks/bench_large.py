@@ -15,7 +15,7 @@ random images against all of them, on the fit's filtered images) by the fit's gr
     python benchmarks/bench_large.py --copies 15         # 1,050,000 images
     python benchmarks/bench_large.py --copies 15 --graph samples   # without the means' search
 
-Writes ``benchmarks/results/large_<n>.json``.
+Writes the run ``n<images>`` (``n1050000`` for 15 copies) of ``benchmarks/results/large.json``.
 """
 
 from __future__ import annotations
@@ -114,6 +114,9 @@ def main(argv=None):
     p.add_argument("--recall-queries", type=int, default=100)
     p.add_argument("--verbose", type=int, default=0, help="the estimator's verbose (stage times)")
     p.add_argument("--graph", default="auto", help="the estimator's graph (default: its default)")
+    p.add_argument("--run", default=None,
+                   help="the run's key in the JSON (default: nN for N images, nN_GRAPH for a "
+                        "--graph other than auto)")
     args = p.parse_args(argv)
     import torch
 
@@ -155,8 +158,8 @@ def main(argv=None):
     print_table([row], ["n", "recall_exact_top15", "recall_check_s"])
     write_json({"benchmark": "large", "env": environment(), "args": vars(args), "rows": [row],
                 "note": "one fresh process; the machine's other load is in loadavg"},
-               RESULTS / (f"large_{n}.json" if args.graph == "auto"
-                          else f"large_{n}_{args.graph}.json"), table_rows)
+               RESULTS / "large.json", table_rows,
+               run=args.run or (f"n{n}" if args.graph == "auto" else f"n{n}_{args.graph}"))
 
 
 if __name__ == "__main__":

@@ -29,9 +29,10 @@ Commands::
 
     python benchmarks/bench_neighbors.py                       # n = 2000, 10000 (MNIST)
     python benchmarks/bench_neighbors.py --quick               # n = 300: seconds
-    python benchmarks/bench_neighbors.py --n 2000 --out results/neighbors_2k.json
+    python benchmarks/bench_neighbors.py --n 2000 --run n2000
 
-Writes ``benchmarks/results/neighbors.json`` (``neighbors_quick.json`` with ``--quick``).
+Writes the run ``default`` of ``benchmarks/results/neighbors.json`` (``quick`` with ``--quick``,
+or the one ``--run`` names).
 """
 
 from __future__ import annotations
@@ -158,7 +159,9 @@ def main(argv=None):
     p.add_argument("--data", default=None, help="folder holding mnist/ (default ../shared/data)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--quick", action="store_true", help="n = 300")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="the JSON (default: results/neighbors.json)")
+    p.add_argument("--run", default=None,
+                   help="the run's key in the JSON (default: 'quick' with --quick, else 'default')")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -170,13 +173,13 @@ def main(argv=None):
                     args.data)
     print()
     print_table(rows, COLUMNS)
-    out = Path(args.out) if args.out else RESULTS / (
-        "neighbors_quick.json" if args.quick else "neighbors.json")
+    out = Path(args.out) if args.out else RESULTS / "neighbors.json"
     if not out.is_absolute() and args.out:
         out = Path(__file__).resolve().parent / out
     write_json({"benchmark": "bench_neighbors", "argv": sys.argv[1:], "k": args.k,
                 "environment": environment(), "results": rows}, out,
-               lambda r: derived_rows(r, ("dataset", "n"), records=r["results"]))
+               lambda r: derived_rows(r, ("dataset", "n"), records=r["results"]),
+               run=args.run or ("quick" if args.quick else "default"))
 
 
 if __name__ == "__main__":

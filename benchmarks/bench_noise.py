@@ -39,7 +39,9 @@ and of its invariant mean; the same on the filtered images (``_filtered``).
 
     python benchmarks/bench_noise.py                         # n = 2,000, 4 sigmas, 3 seeds
     python benchmarks/bench_noise.py --n 10000 --sigmas 0 0.5 0.8 --groupings final \\
-        --out benchmarks/results/noise_10000.json
+        --run n10000
+
+Each is a run of ``benchmarks/results/noise.json`` (``--run``; ``default`` without it).
 """
 
 from __future__ import annotations
@@ -405,10 +407,14 @@ def main(argv=None):
                         "of C (a row of its own, where the union is chosen)")
     p.add_argument("--data", default=None)
     p.add_argument("--note", default="", help="what else ran on the machine (load)")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="the JSON (default: results/noise.json)")
+    p.add_argument("--run", default=None,
+                   help="the run's key in the JSON (default: 'default'; the other committed runs: "
+                        "n10000, filter_2000, filter_10000, count_runs, estimate)")
     args = p.parse_args(argv)
     result = run(args)
-    write_json(result, Path(args.out or RESULTS / "noise.json"), table_rows)
+    write_json(result, Path(args.out or RESULTS / "noise.json"), table_rows,
+               run=args.run or "default")
     return result
 
 

@@ -21,7 +21,7 @@ top-k against the shortlist length (the data behind ``neighbors.default_n_candid
 
     python benchmarks/bench_scaling.py                  # n = 500 ... 10000 (long on a laptop)
     python benchmarks/bench_scaling.py --quick          # n = 200, 400: seconds
-    python benchmarks/bench_scaling.py --n 500 1000 2000 --out results/scaling_medium.json
+    python benchmarks/bench_scaling.py --n 500 1000 2000 --run medium
     python benchmarks/bench_scaling.py --recall         # n = 2000, 17 and 24 angles, +-2 px
 
 ``--fashion`` runs the large-scale check on Fashion-MNIST train + test (70,000 images;
@@ -42,10 +42,10 @@ graph (indices, distances, alignments) is identical to the local search's; ``--d
 skips everything else::
 
     python benchmarks/bench_scaling.py --fashion --dask 2 --dask-only --threads 2 \
-        --out benchmarks/results/scaling_fashion70k_dask.json
+        --run fashion70k_dask
 
-Writes ``benchmarks/results/scaling.json`` (``scaling_quick.json``, ``scaling_recall.json``) and
-a log-log PNG next to it.
+Writes ``benchmarks/results/scaling.json``, a run per suite (``default``, ``quick``, ``recall``,
+``fashion70k``, or the one ``--run`` names), and a log-log PNG next to it.
 """
 
 from __future__ import annotations
@@ -609,7 +609,10 @@ def main(argv=None):
                    help="with --fashion: workers of a LocalCluster that reruns the search")
     p.add_argument("--dask-only", action="store_true")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="the JSON (default: results/scaling.json)")
+    p.add_argument("--run", default=None,
+                   help="the run's key in the JSON (default: fashion70k with --fashion, recall "
+                        "with --recall, quick or recall_quick with --quick, else default)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -628,21 +631,22 @@ def main(argv=None):
                            "with other jobs: the timings are under that load")
         result["rows"], result["exponents"], result["targets"] = run_fashion(args)
         result["loadavg_end"] = os.getloadavg()
-        out = Path(args.out or RESULTS / "scaling_fashion70k.json")
+        run = "fashion70k"
     elif args.recall:
         result["rows"], result["summary"] = run_recall(args)
-        out = Path(args.out or RESULTS / ("scaling_recall_quick.json" if args.quick
-                                          else "scaling_recall.json"))
+        run = "recall_quick" if args.quick else "recall"
     else:
         rows, exponents, shortlisted = run_scaling(args)
         result.update(rows=rows, exponents=exponents, estimator_shortlist=shortlisted)
-        out = Path(args.out or RESULTS / ("scaling_quick.json" if args.quick
-                                          else "scaling.json"))
+        run = args.run or ("quick" if args.quick else "default")
+        out = Path(args.out or RESULTS / "scaling.json")
+        png = out.with_name(out.stem + ("" if run == "default" else f"_{run}") + ".png")
         what = "rotated +-45 degrees" + (f", shifted +-{args.max_translation} px"
                                          if args.max_translation else "")
-        plot(rows, out.with_suffix(".png"),
+        plot(rows, png,
              f"One search (k={K}) / one fit against n: MNIST {what}")
-    write_json(result, out, table_rows)
+    write_json(result, Path(args.out or RESULTS / "scaling.json"), table_rows,
+               run=args.run or run)
     return result
 
 

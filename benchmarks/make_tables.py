@@ -1,18 +1,19 @@
 """The benchmark tables of the README and the documentation, from the JSON in ``results/``.
 
-Every table is made from rows of one schema, ``{"data", "method", "metric", "value",
-"machine", "date"}``: a JSON file's ``"table"`` (written by ``_common.write_json``), else rows
-derived from its ``"rows"`` records. One table per data set, a line per method and a column per
-metric, then the machines, dates and command. The README's headline table picks single rows out
-of several files (``HEADLINE``), each linked to its JSON and to the benchmarks page.
+A file holds one benchmark (``benchmarks/results/NAME.json``) or paper reproduction
+(``examples/reproductions/results/``): ``{"benchmark": NAME, "runs": {RUN: result}}``. Each run
+is a table, ``NAME`` (run ``default``) or ``NAME_RUN``, of rows of one schema, ``{"data",
+"method", "metric", "value", "machine", "date"}``: the run's ``"table"`` (written by
+``_common.write_json``), else rows derived from its ``"rows"`` records. One table per data set,
+a line per method and a column per metric, then the machines, dates and command. The README's
+headline table picks single rows out of several runs (``HEADLINE``), each linked to its JSON.
 
     python benchmarks/make_tables.py                       # print every table (markdown)
     python benchmarks/make_tables.py --update README.md    # rewrite the marked blocks
     python benchmarks/make_tables.py --rst docs/_generated # the documentation's includes
 
 ``--update`` replaces each block ``<!-- bench:NAME -->`` ... ``<!-- /bench:NAME -->`` by the
-table of ``results/NAME.json`` (``headline``: the headline table); ``docs/_ext/bench_tables.py``
-writes the includes ``docs/_generated/bench_NAME.inc`` at every build.
+table ``NAME`` (or the headline); ``docs/_ext/bench_tables.py`` writes the includes at builds.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import re
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = (ROOT / "benchmarks" / "results", ROOT / "examples" / "reproductions" / "results")
 DOCS_PAGE = "docs/benchmarks.rst"
-# the fields of a record that name its data set, and its method, when a JSON has no "table";
-# a field of LABELLED is shown with its name ("n 70000")
+# a record's fields naming its data set and method (no "table"); LABELLED: "n 70000"
 DATA_KEYS = ("variant", "dataset", "data", "kind", "row", "n", "snr", "ctf", "shift", "sigma")
 METHOD_KEYS = ("method",)
 LABELLED = ("n", "seed", "copies", "snr", "ctf", "shift", "sigma", "k")
@@ -48,9 +49,7 @@ def fmt(value) -> str:
 def machine(result) -> str:
     env = result.get("env") or result.get("environment") or {}
     cores = f"{env['cpu_count']} CPU cores" if env.get("cpu_count") else None
-    if env.get("cuda"):
-        return ", ".join(x for x in (env["cuda"], cores) if x)
-    return cores or "CPU"
+    return ", ".join(x for x in (env.get("cuda"), cores) if x) or "CPU"
 
 
 def derived_rows(result, data_keys=DATA_KEYS, method_keys=METHOD_KEYS, skip=(), records=None):
@@ -80,12 +79,22 @@ def rows(result) -> list[dict]:
     return result["table"] if isinstance(result.get("table"), list) else derived_rows(result)
 
 
-def load(results_dir, name):
-    try:
-        result = json.loads((Path(results_dir) / f"{name}.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return result if isinstance(result, dict) else None
+def tables(results_dirs=RESULTS) -> dict:
+    """``{table name: (source, run result)}`` for every run with rows of the folders' JSON;
+    the source names the file (relative to the repository) and the run."""
+    out = {}
+    for path in sorted(p.resolve() for d in results_dirs for p in Path(d).glob("*.json")):
+        doc = json.loads(path.read_text())
+        rel = (path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT)
+               else f"benchmarks/results/{path.name}")
+        for run, result in doc["runs"].items():
+            if rows(result):
+                out[path.stem if run == "default" else f"{path.stem}_{run}"] = (rel, run), result
+    return out
+
+
+def source(src, q="``") -> str:
+    return f"{q}{src[0]}{q}" + ("" if src[1] == "default" else f", run {q}{src[1]}{q}")
 
 
 def pivot(table):
@@ -107,9 +116,9 @@ def footer(result, table) -> str:
     return line
 
 
-def markdown(name, result) -> str:
+def markdown(src, result) -> str:
     table = rows(result)
-    out = [f"_From `benchmarks/results/{name}.json`._", ""]
+    out = [f"_From {source(src, '`')}._", ""]
     for data, metrics, methods in pivot(table):
         out += [f"**{data}**", "", "| method | " + " | ".join(metrics) + " |",
                 "| --- |" + " ---: |" * len(metrics)]
@@ -127,9 +136,9 @@ def _rst_cell(text) -> str:
                    p.translate(esc)) for p in re.split(r"(`[^`]+`)", str(text))) or ".."
 
 
-def rst(name, result) -> str:
+def rst(src, result) -> str:
     table = rows(result)
-    out = [f"From ``benchmarks/results/{name}.json``.", ""]
+    out = [f"From {source(src)}.", ""]
     for data, metrics, methods in pivot(table):
         out += [_rst_cell(data), "", ".. list-table::", "   :header-rows: 1", ""]
         for cells in [["method", *metrics],
@@ -143,7 +152,7 @@ def rst(name, result) -> str:
 
 
 # The README's headline rows: (task, measure, anchor on the benchmarks page, the figures of
-# ours, the baselines'). A figure is (JSON name, data, method, metric, template); the template
+# ours, the baselines'). A figure is (table name, data, method, metric, template); the template
 # formats the value ``v``.
 SEC = "seconds against n; exponent: the slope of log seconds against log n"
 CL = ("clustering", "rotated45 (n = 10000)")
@@ -211,46 +220,44 @@ HEADLINE = [
 ]
 
 
-def _figure(results_dir, name, data, method, metric, template):
-    result = load(results_dir, name)
-    for row in rows(result) if result else []:
+def _figure(found, name, data, method, metric, template):
+    for row in rows(found[name][1]) if name in found else []:
         if (row["data"], row["method"], row["metric"]) == (data, method, metric):
             return template.format(v=row["value"]), row
-    raise LookupError(f"results/{name}.json has no row {data!r} / {method!r} / {metric!r}")
+    raise LookupError(f"no table {name!r} with the row {data!r} / {method!r} / {metric!r}")
 
 
-def headline(results_dir=RESULTS) -> str:
+def headline(results_dirs=RESULTS) -> str:
     """The README's table of headline figures, each linked to its JSON and the docs page."""
+    found = tables(results_dirs)
     lines = ["| task | measure | invariant_cluster | baselines | data (measured) | details |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| --- " * 6 + "|"]
     for task, measure, anchor, ours, theirs in HEADLINE:
         try:
-            a = [_figure(results_dir, *f) for f in ours]
-            b = [_figure(results_dir, *f) for f in theirs]
+            a = [_figure(found, *f) for f in ours]
+            b = [_figure(found, *f) for f in theirs]
         except LookupError as exc:
             print(f"headline: {exc}", file=sys.stderr)
             continue
-        name, row = ours[0][0], a[0][1]
-        lines.append(" | ".join([
-            f"| {task}", measure, " ".join(t for t, _ in a), " ".join(t for t, _ in b),
-            f"[`{name}.json`](benchmarks/results/{name}.json) ({row['date']}, {row['machine']})",
-            f"[benchmarks]({DOCS_PAGE}#{anchor}) |"]))
+        (rel, run), row = found[ours[0][0]][0], a[0][1]
+        link = f"[`{Path(rel).name}`]({rel})" + ("" if run == "default" else f" run `{run}`")
+        lines.append(" | ".join([f"| {task}", measure, " ".join(t for t, _ in a),
+                                 " ".join(t for t, _ in b), f"{link} ({row['date']}, "
+                                 f"{row['machine']})", f"[benchmarks]({DOCS_PAGE}#{anchor}) |"]))
     return "\n".join(lines)
 
 
-def blocks(results_dir=RESULTS) -> dict[str, str]:
-    out = {p.stem: markdown(p.stem, r) for p in sorted(Path(results_dir).glob("*.json"))
-           if (r := load(results_dir, p.stem)) is not None and rows(r)}
-    out["headline"] = headline(results_dir)
+def blocks(results_dirs=RESULTS) -> dict[str, str]:
+    out = {name: markdown(src, r) for name, (src, r) in tables(results_dirs).items()}
+    out["headline"] = headline(results_dirs)
     return out
 
 
-def update(path, results_dir=RESULTS) -> list[str]:
+def update(path, results_dirs=RESULTS) -> list[str]:
     """Rewrite each marked block of the markdown file ``path``; return the names rewritten."""
-    text, done, tables = Path(path).read_text(), [], blocks(results_dir)
+    text, done, made = Path(path).read_text(), [], blocks(results_dirs)
     for name in dict.fromkeys(re.findall(r"<!-- bench:([\w-]+) -->", text)):
-        block = tables.get(name)
-        if block is None:
+        if (block := made.get(name)) is None:
             print(f"{path}: no table for the block {name!r}", file=sys.stderr)
             continue
         pattern = re.compile(rf"(<!-- bench:{name} -->\n).*?(\n<!-- /bench:{name} -->)", re.S)
@@ -260,28 +267,22 @@ def update(path, results_dir=RESULTS) -> list[str]:
     return done
 
 
-def write_includes(target, results_dir=RESULTS) -> list[str]:
-    """Write ``target/bench_NAME.inc`` for every JSON with rows; return the names written.
-
-    A file is rewritten only when its text changes, so that Sphinx rebuilds only what moved.
-    """
+def write_includes(target, results_dirs=RESULTS) -> list[str]:
+    """Write ``target/bench_NAME.inc`` for every table, only where its text changed (Sphinx
+    then rebuilds only what moved); return the names."""
     target = Path(target)
     target.mkdir(parents=True, exist_ok=True)
-    names = []
-    for path in sorted(Path(results_dir).glob("*.json")):
-        result = load(results_dir, path.stem)
-        if result is None or not rows(result):
-            continue
-        text, inc = rst(path.stem, result), target / f"bench_{path.stem}.inc"
+    found = tables(results_dirs)
+    for name, (src, result) in found.items():
+        text, inc = rst(src, result), target / f"bench_{name}.inc"
         if not inc.exists() or inc.read_text(encoding="utf-8") != text:
             inc.write_text(text, encoding="utf-8")
-        names.append(path.stem)
-    return names
+    return list(found)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", default=str(RESULTS), help="folder of the JSON files")
+    p.add_argument("--results", nargs="+", default=RESULTS, help="folders of the JSON files")
     p.add_argument("--update", nargs="+", metavar="FILE", help="markdown files to rewrite")
     p.add_argument("--rst", metavar="DIR", help="write the includes bench_NAME.inc into DIR")
     args = p.parse_args(argv)

@@ -54,7 +54,6 @@ import numpy as np
 # the benchmarks' runner: the machine record and the JSON
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from _common import (  # noqa: E402
-    RESULTS,
     environment,
     load_mnist_test,
     print_table,
@@ -252,7 +251,8 @@ def main(argv=None):
                    help="Eq.-11 check and projection loss of the invariant kernel only")
     p.add_argument("--quick", action="store_true", help="600 / 200 images, 12 angles")
     p.add_argument("--no-plot", action="store_true", help="accepted for symmetry; no plot")
-    p.add_argument("--out", default=None, help="folder for the JSON (default: results/)")
+    p.add_argument("--out", default=None,
+                   help="folder for the JSON (default: examples/reproductions/results)")
     args = p.parse_args(argv)
     if args.quick:
         args.n_train, args.n_test, args.n_rotations = 600, 200, 12
@@ -261,7 +261,8 @@ def main(argv=None):
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     t_start = time.perf_counter()
     images, labels = load_mnist_test(args.data)
-    out_dir = Path(args.out) if args.out else RESULTS
+    out_dir = Path(args.out) if args.out else Path(__file__).resolve().parent / "results"
+    path, quick = out_dir / "kpca_features.json", "_quick" if args.quick else ""
     config = {k: v for k, v in vars(args).items() if k not in ("out", "data")}
     if args.sweep:
         sweep = run_sweep(args, images, labels)
@@ -269,7 +270,7 @@ def main(argv=None):
         write_json({"benchmark": "kpca_features_sweep", "config": config,
                     "environment": environment(), "rows": sweep,
                     "wall_s": time.perf_counter() - t_start},
-                   out_dir / "kpca_features_sweep.json")
+                   path, run="sweep" + quick)
         return
     if args.eigencheck:
         checks, losses, gram = run_eigencheck(args, images, labels)
@@ -281,7 +282,7 @@ def main(argv=None):
         write_json({"benchmark": "kpca_invariant_eigencheck", "config": config,
                     "environment": environment(), "rows": checks, "projection_loss": losses,
                     "gram": gram, "wall_s": time.perf_counter() - t_start},
-                   out_dir / "kpca_invariant_eigencheck.json", eigencheck_rows)
+                   path, eigencheck_rows, run="eigencheck" + quick)
         return
     rows = []
     for variant in args.variants:
@@ -299,7 +300,7 @@ def main(argv=None):
     print_table(digits, ["pipeline", "cv3_accuracy", "seconds"])
     result = {"benchmark": "kpca_features", "config": config, "environment": environment(),
               "rows": rows, "digits_cv": digits, "wall_s": time.perf_counter() - t_start}
-    write_json(result, out_dir / "kpca_features.json", table_rows)
+    write_json(result, path, table_rows, run="quick" if args.quick else "default")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ splits, on the CPU. Each model is evaluated on the 2,000 held-out images, clean 
 Gaussian pixel noise at several sigma (clipped to ``[0, 1]``), and on the first ``--n-attack``
 of them under FGSM and PGD (L-infinity, several epsilon, in pixel space ``[0, 1]``). Reports
 mean and standard deviation over seeds and the paired difference RPC minus Sym. Prints a table,
-writes ``rpc_robustness.json`` and ``rpc_robustness.png`` into ``--out``.
+writes ``rpc_robustness.json`` (its run ``default``, or ``quick``) and ``rpc_robustness.png``
+into ``--out`` (``examples/reproductions/results/`` by default).
 
 Training takes longer than a build of this site, so the gallery shows this script
 without running it. Run from the repository root::
@@ -26,7 +27,6 @@ for every condition.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -43,6 +43,7 @@ from kpca_diagnostics import (  # noqa: E402
     default_data_dir,
     load_split,
     make_vit,
+    write_json,
 )
 
 MODELS = {"SymViT": "symmetric", "RPC-SymViT": "rpc"}
@@ -182,10 +183,8 @@ def main(argv=None):
     }
     _print_table(result)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "rpc_robustness.json"
-    result["table"] = table_rows(result)
-    path.write_text(json.dumps(result, indent=1))
-    print(f"wrote {path}")
+    write_json(result, args.out / "rpc_robustness.json", table_rows,
+               run="quick" if quick else "default")
     if not args.no_plot:
         print(f"wrote {_plot(result, args.out / 'rpc_robustness.png')}")
     return result
