@@ -11,9 +11,9 @@ corrupted inputs. Two views:
 1. PAP on synthetic low-rank keys with sparse gross corruption, against softmax attention:
    how far does each output move from the clean softmax output as more entries are corrupted?
 2. The committed results of ``examples/reproductions/rpc_robustness.py`` (small ViTs trained
-   on MNIST and Fashion-MNIST, several seeds, Gaussian noise and FGSM / PGD attacks), plotted from
-   ``benchmarks/results/rpc_robustness.json``. Training those models takes far longer than a
-   documentation build, so this page reads the file the benchmark wrote.
+   on MNIST and Fashion-MNIST, several seeds, Gaussian noise and FGSM / PGD attacks), plotted
+   from ``examples/reproductions/results/rpc_robustness.json``. Training those models takes far
+   longer than a documentation build, so this page reads the file the reproduction wrote.
 """
 
 # %%
@@ -82,9 +82,9 @@ plt.show()
 # seeds, accuracy on held-out images: clean, with Gaussian noise, and under FGSM and PGD attacks.
 # The file is written by ``python examples/reproductions/rpc_robustness.py``; its configuration
 # is printed below with the plot.
-results = Path("..", "benchmarks", "results", "rpc_robustness.json")
+results = Path("reproductions", "results", "rpc_robustness.json")
 if results.exists():
-    bench = json.loads(results.read_text())
+    bench = json.loads(results.read_text())["runs"]["default"]
     print({k: bench["config"][k] for k in ("model", "epochs", "n_train", "seeds")})
     fig, axes = plt.subplots(1, len(bench["summary"]), figsize=(11, 4), layout="constrained",
                              sharey=True, squeeze=False)

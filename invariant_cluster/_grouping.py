@@ -1322,8 +1322,8 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     the grid's distances have a separated partition, a finer one of the refined distances
     alone is taken where its groups are separated more widely there (rule
     "separated_refined", :func:`_wider_on_refined`): clean shifted MNIST, 12 shapes x 3-4
-    copies and 8 x 3, counted 10, 11 and 7 (``count_draws_seed3.json``,
-    ``count_draws_seed4.json``).
+    copies and 8 x 3, counted 10, 11 and 7 (``count.json``, runs
+    ``draws_seed3`` and ``draws_seed4``).
 
     The means' graph is the fixed point's own count: where the iteration collapsed each group
     of noisy copies onto one invariant mean, the spread within a group shrinks while the
@@ -1344,7 +1344,7 @@ def count_groups(index, dist, index_means, dist_means, graph, modes, random_stat
     partition on them alone (:func:`noise_dominated_groups`) is taken when it is finer than
     the samples' separated partition (rule "separated_refined"): 8 and 12 shapes x 3-4 noisy
     copies whose closest shapes are nearer than the noise, counted 6-11 before
-    (``count_draws_seed*.json``). ``refined_means``: None, or a function that returns the
+    (``count.json``, ``draws_seed*``). ``refined_means``: None, or a function that returns the
     refined distances of ``means_edges`` (as ``refined`` does the samples'): where the means'
     cut is finer than the samples' partition, its groups must be separated on those too
     (:func:`_separated_on_refined`): one shape's means settled in two modes that the grid's

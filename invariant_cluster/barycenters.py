@@ -120,7 +120,7 @@ def class_averages(X, n_neighbors=10, *, labels=None, group="se2", max_rotation=
         in a third of the time (``benchmarks/bench_cryoem.py``). Clean images lose detail by it.
         ``DihedralPCA("auto", output_size=32)`` keeps as many directions as stand above the
         noise: with a CTF it found better neighbours than 40 directions at SNR 4 to 1/4 and
-        worse at 1/16 (``benchmarks/results/cryoem_ctf.json``).
+        worse at 1/16 (``benchmarks/results/cryoem.json`` run ``ctf``).
     center : bool, default=False
         Centre each image (its denoised copy, with ``denoise``) on its centre of mass before
         the search (``labels=None`` only); see :func:`aligned_neighbors`.

@@ -140,7 +140,7 @@ class DihedralPCA(ImageInputMixin, TransformerMixin, BaseEstimator):
         full spectrum is computed: at most ``MAX_AUTO_FEATURES`` values per image). The
         fewer the noisier the images: on 2,000 cryo-EM projections zoomed to 32 x 32, 143
         directions at SNR 4 down to 20 at SNR 1/16 with the CTF, 55 down to 5 without
-        (``benchmarks/results/cryoem_ctf.json``). ``n_components_`` says how many were
+        (``benchmarks/results/cryoem.json`` run ``ctf``). ``n_components_`` says how many were
         kept.
     output_size : int, optional
         Zoom square images out to ``output_size x output_size`` pixels first (see
@@ -306,7 +306,7 @@ _FILTER_BLOCK = 4096
 
 # Why a filter before the search, why the square root of Wiener's gain, and how the noise is
 # measured, with the measurements: docs/user_guide/convergence.rst ("Noise: the filter before
-# the search"), benchmarks/bench_noise.py and benchmarks/results/noise_filter_*.json.
+# the search"), benchmarks/bench_noise.py and benchmarks/results/noise.json (runs filter_*).
 
 
 
@@ -432,7 +432,7 @@ def estimate_noise_std(X, *, method="auto") -> float:
       (plus the images' own power there), with as few rings as small images have.
 
     Pooled over all channels and at most :data:`NOISE_SUBSET` images. The measured numbers
-    are in the user guide (``benchmarks/results/noise_estimate.json``).
+    are in the user guide (``benchmarks/results/noise.json`` run ``estimate``).
 
     Parameters
     ----------

@@ -24,11 +24,18 @@ def _run(script, out, *extra):
     return proc.stdout
 
 
+def _quick_run(path):
+    """The file's one run, ``quick``: a reproduction writes its results as the benchmarks do."""
+    doc = json.loads(path.read_text())
+    assert doc["benchmark"] == path.stem and list(doc["runs"]) == ["quick"]
+    return doc["runs"]["quick"]
+
+
 @pytest.mark.skipif(not _have("mnist"), reason=f"MNIST not found under {DATA}")
 def test_kpca_diagnostics_quick(tmp_path):
     stdout = _run("kpca_diagnostics.py", tmp_path)
     assert "Projection loss per layer" in stdout and "Eigenvector check" in stdout
-    res = json.loads((tmp_path / "kpca_diagnostics.json").read_text())
+    res = _quick_run(tmp_path / "kpca_diagnostics.json")
     assert {"config", "history", "projection_loss", "eigenvector_check", "claims",
             "wall_s"} <= set(res)
     layers = list(res["projection_loss"])
@@ -53,7 +60,7 @@ def test_kpca_diagnostics_quick(tmp_path):
 def test_rpc_robustness_quick(tmp_path):
     stdout = _run("rpc_robustness.py", tmp_path, "--datasets", "mnist", "fashion-mnist")
     assert "RPC-SymViT" in stdout
-    res = json.loads((tmp_path / "rpc_robustness.json").read_text())
+    res = _quick_run(tmp_path / "rpc_robustness.json")
     assert {"config", "runs", "summary", "seconds_per_model", "wall_s"} <= set(res)
     assert set(res["summary"]) == {"mnist", "fashion-mnist"}
     conds = res["summary"]["mnist"]
@@ -69,7 +76,7 @@ def test_rpc_robustness_quick(tmp_path):
 def test_kpca_features_quick(tmp_path):
     stdout = _run("kpca_features.py", tmp_path)
     assert "3-fold cross-validation" in stdout
-    res = json.loads((tmp_path / "kpca_features.json").read_text())
+    res = _quick_run(tmp_path / "kpca_features.json")
     assert {"config", "environment", "rows", "digits_cv", "wall_s"} <= set(res)
     feats = {"pixels", "PCA", "KernelPCA(rbf)", "KernelPCAAttention",
              "KernelPCAAttention(invariant)"}

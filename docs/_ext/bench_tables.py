@@ -1,10 +1,11 @@
 """The benchmark tables as reStructuredText includes, generated from the committed JSON.
 
-At every build this extension writes ``docs/_generated/bench_NAME.inc`` for each
-``benchmarks/results/NAME.json`` with ``benchmarks/make_tables.py`` (the one owner of
-the tables' layout; the README's headline table comes from the same script), so a page shows
-the measured numbers without a typed copy that could fall out of date. Pages use
-``.. include:: /_generated/bench_NAME.inc``.
+At every build this extension writes ``docs/_generated/bench_NAME.inc`` for each run of
+``benchmarks/results/*.json`` and ``examples/reproductions/results/*.json`` with
+``benchmarks/make_tables.py`` (the one owner of the tables' layout; the README's headline table
+comes from the same script), so a page shows the measured numbers without a typed copy that
+could fall out of date. Pages use ``.. include:: /_generated/bench_NAME.inc`` (``NAME``: the
+file's name, with ``_RUN`` for a run other than ``default``).
 """
 
 from __future__ import annotations
