@@ -86,23 +86,32 @@ def test_tables_script_updates_markers(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
     row = {"data": "rotated45 (n = 100)", "machine": "2 CPU cores", "date": "2026-01-02"}
-    (results / "clustering.json").write_text(json.dumps({
-        "benchmark": "clustering", "command": "python benchmarks/bench_clustering.py",
-        "table": [{**row, "method": "k-means (pixels)", "metric": "ACC", "value": 0.5},
-                  {**row, "method": "k-means (pixels)", "metric": "seconds", "value": 1.25},
-                  {**row, "method": "invariant attention", "metric": "ACC", "value": 0.9}]}))
+    (results / "clustering.json").write_text(json.dumps({"benchmark": "clustering", "runs": {
+        "default": {
+            "benchmark": "clustering", "command": "python benchmarks/bench_clustering.py",
+            "table": [{**row, "method": "k-means (pixels)", "metric": "ACC", "value": 0.5},
+                      {**row, "method": "k-means (pixels)", "metric": "seconds", "value": 1.25},
+                      {**row, "method": "invariant attention", "metric": "ACC", "value": 0.9}]},
+        "quick": {"benchmark": "clustering", "table": [
+            {**row, "method": "k-means (pixels)", "metric": "ACC", "value": 0.25}]}}}))
     readme = tmp_path / "README.md"
-    readme.write_text("a\n<!-- bench:clustering -->\nold\n<!-- /bench:clustering -->\nb\n")
+    readme.write_text("a\n<!-- bench:clustering -->\nold\n<!-- /bench:clustering -->\nb\n"
+                      "<!-- bench:clustering_quick -->\nold\n<!-- /bench:clustering_quick -->\n")
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_tables.py"),
                            "--results", str(results), "--update", str(readme)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     new = readme.read_text()
-    assert "old" not in new and new.startswith("a\n") and new.endswith("b\n")
+    assert "old" not in new and new.startswith("a\n")
     assert "| method | ACC | seconds |" in new
     assert "| k-means (pixels) | 0.5 | 1.25 |" in new
     assert "| invariant attention | 0.9 |  |" in new
     assert "2 CPU cores, 2026-01-02" in new and "bench_clustering.py" in new
+    # each run is a table of its own: NAME for the run "default", NAME_RUN for the others
+    default, quick = new.split("<!-- bench:clustering_quick -->")
+    assert "_From `benchmarks/results/clustering.json`._" in default and "0.25" not in default
+    assert "_From `benchmarks/results/clustering.json`, run `quick`._" in quick
+    assert "| k-means (pixels) | 0.25 |" in quick
 
 
 def test_tables_script_is_short():
