@@ -471,7 +471,9 @@ def test_benchmark_runs(tmp_path):
                            "--n", "150", "--k", "3", "--data", str(DATA), "--out", str(out),
                            "--threads", "1"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(out.read_text())["results"]
+    runs = json.loads(out.read_text())["runs"]  # one JSON per benchmark, its runs by name
+    assert len(runs) == 1
+    rows = next(iter(runs.values()))["results"]
     assert [r["method"] for r in rows] == ["exact", "shortlist", "pixels"]
     assert rows[0]["recall"] == 1.0 and all(0 <= r["recall"] <= 1 for r in rows)
 
