@@ -155,15 +155,14 @@ def resolve_rotation_center(choice, input_path, star) -> str:
 def read_particles(path, pixel_size=None):
     """``(ctf, table, optics)`` of every particle of ``--star``: a cryoSPARC ``.cs`` file by its
     suffix, else a STAR file."""
-    from .ctf import _blocks, read_cs, read_star
+    from .ctf import _read_star, read_cs
 
     try:
         if Path(path).suffix.lower() == ".cs":
             ctf, table = read_cs(path, pixel_size=pixel_size)
             optics = None
         else:
-            ctf, table = read_star(path, pixel_size=pixel_size)
-            optics = _blocks(path).get("optics")
+            ctf, table, optics = _read_star(path, None, pixel_size)
     except (ValueError, TypeError, OSError) as exc:
         raise UsageError(f"--star {exc}") from None
     return ctf, table, optics

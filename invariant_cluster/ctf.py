@@ -929,6 +929,13 @@ def read_star(path, *, n_images=None, pixel_size=None):
     UserWarning
         Where the file has no ``rlnAmplitudeContrast`` and RELION's 0.1 is taken.
     """
+    ctf, table, _ = _read_star(path, n_images, pixel_size)
+    return ctf, table
+
+
+def _read_star(path, n_images, pixel_size):
+    """:func:`read_star`'s ``(ctf, table)`` and the file's ``data_optics`` block (None where
+    it has none), from one reading of the file."""
     import warnings
 
     n_images = _check_n_images(n_images)
@@ -955,7 +962,7 @@ def read_star(path, *, n_images=None, pixel_size=None):
             col = merged.get(column)
         if col is None and field == "amplitude_contrast":
             warnings.warn(f"{path}: no column rlnAmplitudeContrast; taking RELION's default "
-                          f"{RELION_AMPLITUDE_CONTRAST}", UserWarning, stacklevel=2)
+                          f"{RELION_AMPLITUDE_CONTRAST}", UserWarning, stacklevel=3)
             col = RELION_AMPLITUDE_CONTRAST
         if col is None:
             if field in _OPTIONAL:
@@ -968,7 +975,7 @@ def read_star(path, *, n_images=None, pixel_size=None):
                 from None
         if not np.isfinite(values[field]).all():
             raise ValueError(f"{path}: column {column} holds missing or infinite values")
-    return _make_ctf(values, path, STAR_COLUMNS, "column"), table
+    return _make_ctf(values, path, STAR_COLUMNS, "column"), table, optics
 
 
 # cryoSPARC's field of each CTF field, and the factor to this package's units
