@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ._idx import load_idx
-from ._images import image_files, load_images
+from ._images import image_files, load_images, read_image
 from ._mrc import load_mrc
 
 MRC_SUFFIXES = {".mrc", ".mrcs"}
@@ -90,17 +90,11 @@ def _npz_member(z, path, names, what):
 def load_folder(path, invert=False):
     """Grey-level images ``(n, H, W)`` uint8 of a folder's images of one size, sorted by name
     (``invert``: ``255 - x``), and the file names."""
-    from PIL import Image, UnidentifiedImageError
-
     path = Path(path)
     files = image_files(path)
     images, first = [], None
     for f in files:
-        try:
-            with Image.open(f) as im:
-                a = np.asarray(im.convert("L"), dtype=np.uint8)
-        except (UnidentifiedImageError, OSError, ValueError) as exc:
-            raise ValueError(f"{f}: cannot read this image ({exc})") from None
+        a = read_image(f, lambda im: np.asarray(im.convert("L"), dtype=np.uint8))
         if first is None:
             first = (f, a.shape)
         elif a.shape != first[1]:

@@ -28,18 +28,28 @@ def image_files(folder) -> list[Path]:
     return files
 
 
-def read_grey(path) -> np.ndarray:
-    """One image file in grey levels, float32 in [0, 1] (16-bit files by 65535, others by 255);
-    a ValueError naming the file when Pillow cannot read it."""
+def read_image(path, read):
+    """``read(image)`` of the image file ``path`` opened by Pillow; a ValueError naming the
+    file when Pillow cannot read it."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as im:
-            if im.mode.startswith("I;16"):
-                return np.asarray(im, dtype=np.float32) / np.float32(65535.0)
-            return np.asarray(im.convert("L"), dtype=np.float32) / np.float32(255.0)
+            return read(im)
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise ValueError(f"{path}: cannot read this image ({exc})") from None
+
+
+def _grey(im) -> np.ndarray:
+    if im.mode.startswith("I;16"):
+        return np.asarray(im, dtype=np.float32) / np.float32(65535.0)
+    return np.asarray(im.convert("L"), dtype=np.float32) / np.float32(255.0)
+
+
+def read_grey(path) -> np.ndarray:
+    """One image file in grey levels, float32 in [0, 1] (16-bit files by 65535, others by 255);
+    a ValueError naming the file when Pillow cannot read it."""
+    return read_image(path, _grey)
 
 
 def border_median(image: np.ndarray) -> float:
