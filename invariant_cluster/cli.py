@@ -206,22 +206,14 @@ _FIT_FILES = ("labels.csv", "alignments.csv", "centers.npy", "centers.png", "met
 def _read_input(args, labels=None, stack=False):
     """``load_input`` of the command's input; with ``--stack`` (or ``stack``) an MRC file's
     sections are read as images whatever its header says."""
-    from .datasets._files import MRC_SUFFIXES, as_images, load_input, load_labels
+    from .datasets._files import MRC_SUFFIXES, load_input
 
     path = Path(args.input)
     stack = stack or getattr(args, "stack", False)
     if stack and path.suffix.lower() not in MRC_SUFFIXES:
         raise UsageError(f"--stack: reads an MRC file (.mrc, .mrcs), got {path}")
-    if not stack or path.suffix.lower() == ".mrcs":  # .mrcs is a stack anyway
-        return load_input(path, labels, args.image_shape, getattr(args, "image_size", None),
-                          getattr(args, "invert", False))
-    from .datasets import load_mrc
-
-    X = as_images(load_mrc(path, as_stack=True), path, args.image_shape)
-    y = None if labels is None else load_labels(labels)
-    if y is not None and len(y) != len(X):
-        raise ValueError(f"labels: expected one label per image ({len(X)}), got {len(y)}")
-    return X, y, None
+    return load_input(path, labels, args.image_shape, getattr(args, "image_size", None),
+                      getattr(args, "invert", False), as_stack=stack)
 
 
 def _load(args, labels=None):

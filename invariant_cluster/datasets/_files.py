@@ -124,8 +124,9 @@ def _sniff(path) -> str | None:
     return None
 
 
-def _read_file(path):
-    """The array (and labels) of one file; any failure to parse it is a ValueError naming it."""
+def _read_file(path, as_stack=False):
+    """The array (and labels) of one file; any failure to parse it is a ValueError naming it
+    (``as_stack``: an MRC file's sections as images, :func:`load_mrc`'s)."""
     suffix = path.suffix.lower()
     if suffix not in _KINDS:
         suffix = _sniff(path) or suffix
@@ -137,7 +138,7 @@ def _read_file(path):
                 return (_npz_member(z, path, ("X", "data", "x", "images"), "'X' or 'data'"),
                         _npz_member(z, path, ("y", "target", "labels"), None))
         if suffix in MRC_SUFFIXES:
-            return load_mrc(path), None
+            return load_mrc(path, as_stack=as_stack), None
         return load_idx(path), None
     except ImportError:
         raise
@@ -174,7 +175,8 @@ def load_labels(path):
     return y
 
 
-def load_input(path, labels=None, image_shape=None, image_size=None, invert=False):
+def load_input(path, labels=None, image_shape=None, image_size=None, invert=False,
+               as_stack=False):
     """Read the input of the commands ``fit``, ``neighbors`` and ``class-averages``.
 
     Parameters
@@ -195,6 +197,9 @@ def load_input(path, labels=None, image_shape=None, image_size=None, invert=Fals
         (:func:`~invariant_cluster.datasets.load_images`, values in [0, 1]).
     invert : bool, default=False
         For a folder: dark objects on a light background made bright on a dark one.
+    as_stack : bool, default=False
+        For an MRC file: its sections read as images whatever its header says
+        (:func:`~invariant_cluster.datasets.load_mrc`).
 
     Returns
     -------
@@ -223,7 +228,7 @@ def load_input(path, labels=None, image_shape=None, image_size=None, invert=Fals
         option = "--image-size" if image_size is not None else "--invert"
         raise ValueError(f"{option}: applies to a folder of images, got the file {path}")
     else:
-        array, y = _read_file(path)
+        array, y = _read_file(path, as_stack)
     X = as_images(array, path, image_shape)
     if labels is not None:
         y = load_labels(labels)
