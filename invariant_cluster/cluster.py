@@ -30,23 +30,16 @@ from sklearn.utils.validation import check_is_fitted
 
 from . import _memory
 from ._dask import DaskClientMixin
-from ._duplicates import (
-    canonical_order,
-    first_of_each,
-    near_duplicates,
-    unique_in_canonical_order,
-)
+from ._duplicates import canonical_order, unique_in_canonical_order
 from ._estimator import (
     ENGINE_CONSTRAINTS,
     ROTATION_CENTER_CONSTRAINTS,
     SE2SearchMixin,
     shift_params,
 )
-from ._graph import graph_modes
 from ._grouping import (
     COUNT_RUNS,
     DECIDE_ROWS,
-    NOISY_FRACTION,
     group,
     resolve_graph,
     two_hop_candidates,
@@ -63,6 +56,7 @@ from ._iteration import (  # noqa: F401 - the iteration's names, importable from
 from ._leiden import leiden_workers
 from ._means import cluster_means
 from ._progress import progress, progress_bar
+from ._shapes import find_shapes, noise_power
 from ._threads import thread_limit
 from ._utils import resolve_device
 from ._weights import attention_weights, calibrate_bandwidth  # noqa: F401 - as before
@@ -87,14 +81,14 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
     Parameters
     ----------
     n_clusters : int or None, default=None
-        None: the data decide how many. Groups of transformed copies separated by a gap in the
-        kNN graph are counted; natural classes, which chain into each other, are Leiden's
-        communities at resolution 1 (modularity). ``count_rule_`` says which rule decided and
-        ``separation_`` the gap behind it. An int: the partition with that many groups (the
-        separated one where there is one, else Leiden's resolution searched for that count).
-        Duplicates share one cluster, and neither storing the data twice nor permuting it
-        changes the partition. Give the count where it is known; inspect
-        ``cluster_centers_`` before trusting either. See :ref:`parameters-n-clusters`.
+        The fit has two levels: the **shapes** (groups of transformed copies of one image,
+        ``shape_labels_``) and the **clusters**, groups of shapes. None: the data decide how
+        many, by one principle: where the kNN graph of the shapes is complete (no more shapes
+        than ``n_neighbors + 1``) it shows no community and each shape is a cluster; else
+        Leiden's communities at resolution 1 (modularity). ``count_rule_`` says which. An
+        int: that many groups of shapes (Leiden's resolution searched for that count). A fit
+        equals the fit of its shapes: storing the data twice, permuting it or adding copies
+        changes neither level. See :ref:`parameters-n-clusters`.
     group : {"se2", "rotation", "translation", "none"}, default="se2"
         The transformations searched; "none" is plain kernel attention (mean shift on
         pixels), the baseline. See :ref:`parameters-group`.
@@ -214,15 +208,16 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
     graph_ : str
         The graph that was grouped: "samples", "means" or "both".
     count_rule_ : str
-        What decided the number of clusters: "given" (``n_clusters``), "separated" (separated
-        groups of the samples' kNN graph), "separated_refined" (the same on its refined
-        distances alone), "separated_means" (separated groups of the converged means' graph),
-        "eigengap" (a count raised to the graph's eigengap), "modularity" (Leiden at
-        resolution 1) or "hdbscan" (``grouping="umap"``). See :ref:`parameters-n-clusters`.
-    separation_ : float or None
-        The gap ratio behind the count: the shortest edge between two groups over the longest
-        edge inside one (at least 1.25 for a separated partition; where none was, the largest
-        ratio seen). None where no separated partition was tested.
+        What decided the number of clusters: "given" (``n_clusters``), "shapes" (each shape a
+        cluster: a complete graph of the shapes), "modularity" (Leiden at resolution 1) or
+        "hdbscan" (``grouping="umap"``). See :ref:`parameters-n-clusters`.
+    shape_labels_ : ndarray of shape (n_samples,)
+        The shape of each sample: samples whose refined invariant distance is within what the
+        resampling and the measured noise put between two copies of one image are one shape
+        (largest first). See :ref:`parameters-shapes`.
+    n_shapes_ : int
+    shape_means_ : ndarray of shape (n_shapes_, n_features)
+        Each shape's invariant mean, in the pose of its first image.
     search_plan_ : SearchPlan
         How the kNN graph of the distinct images was searched (exact or shortlist, the
         shortlist blocked on the device or by faiss, its length, the device), decided from
@@ -403,7 +398,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             Xu, rows = self._filter_stage(Xu, rows, filt, t0)
             # 1. search: the invariant kNN graph of one representative of each group of (near)
             # duplicates, in the search's frame (rotations turn about its geometric centre)
-            Xt, Xown, rows, knn, plan = self._search_stage(self._framed(Xu), rows, grid, t0)
+            Xt, Xown, rows, knn, plan = self._search_stage(self._framed(Xu), rows, grid, filt,
+                                                           t0)
             del Xu
             release()
             # 2. bandwidth
@@ -419,8 +415,9 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             # heap goes back to the kernel (see _heap.release)
             release()
             # 4. group: Leiden on the samples' graph or its union with the means' graph
-            grouped = self._group_stage(Xt, knn, M, grid, seed, rho + sigma, filt, workers, t0)
+            grouped = self._group_stage(Xt, knn, M, grid, seed, workers, t0)
             release()
+            shape_means = self._shape_means(Xt, Xown, rows)
             # 5. centres: each cluster's invariant mean, started at its densest converged mean;
             # a near duplicate takes its own pose (its rows: Mown, Pown)
             centers, params = cluster_means(Xt, M, grouped.labels, self._grid(self.refine),
@@ -438,7 +435,11 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                                          means, Mown, Pown, rho, sigma, idx, W, history)
         fitted.update(filter_=filt, noise_std_=float(filt.noise_std_), search_plan_=plan,
                       graph_=grouped.graph, count_rule_=grouped.count_rule,
-                      separation_=grouped.separation)
+                      shape_labels_=_relabel_by_size(rows.rows_of_samples).astype(np.int64),
+                      n_shapes_=rows.n_rows)
+        order = np.zeros(rows.n_rows, dtype=np.int64)
+        order[fitted["shape_labels_"]] = rows.rows_of_samples
+        fitted["shape_means_"] = shape_means[order].astype(X2.dtype, copy=False)
         for name, value in fitted.items():
             setattr(self, name, value)
         self._log(f"done: {self.n_clusters_} clusters in {time.perf_counter() - t0:.1f} s")
@@ -484,15 +485,17 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                   f"({time.perf_counter() - t0:.1f} s)")
         return Xu, rows.reordered(order)
 
-    def _search_stage(self, Xu, rows, grid, t0):
+    def _search_stage(self, Xu, rows, grid, filt, t0):
         """``(Xt, Xown, rows, (D, idx, P), plan)``: the invariant kNN graph (squared distances,
-        neighbours, grid alignments) of the representatives ``Xt``, one of each group of near
-        duplicates of the distinct images ``Xu`` (whose rows they reuse), the near duplicates'
-        own images ``Xown`` (None without any), ``rows`` with the representatives, and the
-        plan of the last full search."""
+        neighbours, grid alignments) of the representatives ``Xt``, the first image of each
+        shape (:mod:`~invariant_cluster._shapes`: the groups of copies) of the distinct
+        images ``Xu`` (whose rows they reuse), the other copies' own images ``Xown`` (None
+        without any), ``rows`` with the representatives, and the plan of the last full
+        search. ``filt``: the fitted noise filter, whose noise sets the copies' tolerance."""
         k = self._k(rows.n_rows)
         plan, knn = self._search(Xu, grid, k)
-        dup = near_duplicates(*knn[:2])
+        nu2 = noise_power(filt, self.image_shape_, Xu.device, Xu.dtype, pad=self._framed)
+        dup = find_shapes(Xu, *knn, grid, self._grid(self.refine), nu2)
         Xt, Xown = Xu, None
         if dup is not None:
             rows = rows.with_representatives(dup)
@@ -503,18 +506,17 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             k = self._k(rows.n_rows)
             plan, knn = self._search_representatives(Xt, rows.representatives, knn, grid, k,
                                                      plan=plan)
-            self._log(f"{rows.n_distinct - rows.n_rows} near duplicates set aside")
+            self._log(f"{rows.n_rows} shapes of {rows.n_distinct} distinct images")
         self._log(f"kNN graph (k={k}): {time.perf_counter() - t0:.1f} s")
         return Xt, Xown, rows, knn, plan
 
-    def _group_stage(self, Xt, knn, M, grid, seed, tol_modes, filt, workers, t0):
+    def _group_stage(self, Xt, knn, M, grid, seed, workers, t0):
         """The grouping (:class:`_Grouped`) of the kNN graph ``knn`` of the images ``Xt``
         and their converged means ``M``, once the Leiden workers (if any) have started."""
         stage = progress_bar(1, "grouping", "stage")
         if workers is not None:
             workers.join()
-        count_means = self.n_clusters is None and self._noise_is_material(Xt, filt)
-        grouped = self._group(Xt, knn, M, grid, seed, tol_modes, count_means)
+        grouped = self._group(Xt, knn, M, grid, seed)
         stage.update()
         stage.close()
         self._log(f"{int(grouped.labels.max()) + 1} clusters "
@@ -638,110 +640,90 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         _, p = refine_pairs(C, Xown, one_each, one_each, onto[:, 0], self._grid(self.refine))
         return self._unframed(Mown).reshape(len(own), -1).cpu().numpy(), p.cpu().numpy()
 
-    def _noise_is_material(self, Xt, filt):
-        """Whether the measured noise is a material part of the images: the noise ``filt``
-        measured at least ``NOISY_FRACTION`` of the standard deviation of the (filtered)
-        images ``Xt``."""
-        if filt.is_identity or Xt.numel() == 0:
-            return False
-        return float(filt.noise_std_) >= NOISY_FRACTION * float(self._unframed(Xt).std())
-
-    def _refined_edges(self, Xt, D, idx, P):
-        """A function that returns the distances of the kNN graph ``(D, idx)`` continuously
-        refined from the grid's alignments ``P``, as ``_finite_dist`` gives them (the count's
-        test of a separated partition of the samples' or the means' graph,
-        :func:`~invariant_cluster._grouping.count_groups`; run only where one is tested)."""
-        def refined():
-            m, k = idx.shape
-            flat = D.reshape(-1).clone()
-            pairs = torch.nonzero(torch.isfinite(flat)).ravel()
-            qi = torch.div(pairs, k, rounding_mode="floor")
-            d, _ = refine_pairs(Xt, Xt, qi, idx.reshape(-1)[pairs],
-                                P.reshape(m * k, -1)[pairs], self._grid(True))
-            flat[pairs] = torch.minimum(flat[pairs], d.to(flat.dtype))
-            return _finite_dist(flat.reshape(m, k))
-        return refined
-
-    def _group(self, Xt, knn, M, grid, seed, tol_modes, count_means):
-        """The grouping (:class:`_Grouped`: labels, largest cluster first) of the samples'
+    def _group(self, Xt, knn, M, grid, seed):
+        """The grouping (:class:`_Grouped`: labels, largest cluster first) of the shapes'
         kNN graph ``knn = (D, idx, P)`` of the images ``Xt``, the graph of their converged
         means ``M``, or their union (see ``graph``), with the distances of the graph that ranks
-        each cluster's densest member. ``tol_modes``: the edge length within which two
-        converged means are one mode (a tensor, used by ``n_clusters=None``);
-        ``count_means``: whether the means' graph may count (``n_clusters=None`` on images
-        whose measured noise is material, :meth:`_noise_is_material`)."""
-        D, idx, P = knn
+        each cluster's densest member."""
+        D, idx, _ = knn
         k = self._k(Xt.shape[0])
-        # the refined distances of the samples' graph, computed only where a count tests them
-        refined = self._refined_edges(Xt, D, idx, P) if self.refine else None
-        idx_m = dist_m = modes = means_edges = refined_means = None
+        idx_m = dist_m = None
         Dg = D
         graph = self.graph
         n = M.shape[0]
         own = torch.arange(n, device=M.device)
         if graph != "samples" and k > 0:
-            if graph != "both" or self.n_clusters is None:
-                # the means' graph within two hops: for every sample when it is grouped
-                # itself ("means") or gives the modes n_clusters=None merges along; else
-                # "auto" only decides on it, from at most DECIDE_ROWS samples
+            if graph in ("auto", "means"):
+                # the means' graph within two hops: for every shape when it is grouped itself
+                # ("means"); "auto" only decides on it, from at most DECIDE_ROWS shapes
                 rows = own
-                if graph == "auto" and self.n_clusters is not None and n > DECIDE_ROWS:
+                if graph == "auto" and n > DECIDE_ROWS:
                     pick = np.random.default_rng(seed).choice(n, DECIDE_ROWS, replace=False)
                     rows = torch.as_tensor(np.sort(pick), device=M.device)
-                # for the count's means' graph (count_groups), every searched edge is kept
-                Dm, idx_mt, Pm = candidate_search(M if rows is own else M[rows], M,
-                                                  two_hop_candidates(idx, rows), grid,
-                                                  k=None if count_means else k,
-                                                  batch_size=self.batch_size,
-                                                  client=self.client, exclude=rows)
-                if count_means:
-                    means_edges = (idx_mt.cpu().numpy(), _finite_dist(Dm))
-                    if self.refine:
-                        refined_means = self._refined_edges(M, Dm, idx_mt, Pm)
-                    Dm, idx_mt = Dm[:, :k], idx_mt[:, :k]
+                Dm, idx_mt, _ = candidate_search(M if rows is own else M[rows], M,
+                                                 two_hop_candidates(idx, rows), grid, k=k,
+                                                 batch_size=self.batch_size,
+                                                 client=self.client, exclude=rows)
                 idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
-                if self.n_clusters is None:
-                    modes = graph_modes(idx_m, dist_m, tol_modes.cpu().numpy())
                 graph = resolve_graph(graph, idx[rows].cpu().numpy(), idx_m)
                 if rows is not own:
                     idx_m = dist_m = None  # a subset's graph decided; it is not grouped
             if graph == "both":
                 # the union's means' graph is searched again among ALL means: the denoised
                 # means find neighbours the noisy samples' graph never offered (the user
-                # guide's convergence page, "The grouping's rules")
+                # guide's convergence page)
                 Dm, idx_mt = _search_means(
                     M, grid, k, self._plan(M.shape[0], grid, k, M.device, purpose="means"),
                     batch_size=self.batch_size, client=self.client)
                 idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
             if graph == "means":
                 Dg = Dm
-
-        def connect(n_clusters):
-            """The modes of the converged means along the samples' graph (edges no longer
-            than ``tol_modes``), one node per mode and the kNN graph of their means among
-            themselves; None where there are not more modes than ``n_clusters``."""
-            Dm, idx_mt, _ = candidate_search(M, M, idx, grid, k=None,
-                                             batch_size=self.batch_size, client=self.client,
-                                             exclude=own)
-            parts = graph_modes(idx_mt.cpu().numpy(), _finite_dist(Dm),
-                                tol_modes.cpu().numpy())
-            if int(parts.max()) + 1 <= n_clusters:
-                return None
-            nodes = first_of_each(parts)
-            kc = int(min(k, len(nodes) - 1))
-            Mc = M[torch.as_tensor(nodes, device=M.device)]
-            Dc, idx_c = _search_means(
-                Mc, grid, kc, self._plan(len(nodes), grid, kc, M.device, purpose="means"),
-                batch_size=self.batch_size, client=self.client)
-            return parts, nodes, idx_c.cpu().numpy(), _finite_dist(Dc)
-
-        labels, graph, count_rule, separation = group(
+        labels, graph, count_rule = group(
             idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m, self.n_clusters, graph,
-            self.grouping, seed, modes, means_edges, connect=connect if k > 0 else None,
-            refined=refined if self.n_clusters is None and k > 0 else None,
-            refined_means=refined_means)
-        return _Grouped(_relabel_by_size(labels), Dg, graph, count_rule,
-                        None if separation is None else float(separation))
+            self.grouping, seed)
+        return _Grouped(_relabel_by_size(labels), Dg, graph, count_rule)
+
+    def _shape_means(self, Xt, Xown, rows):
+        """Each shape's invariant mean (rows of the fit, NumPy, in the search's frame cropped
+        back): a shape without copies is its image; a shape's copies (``Xown``, the images of
+        ``rows.own``) are aligned onto its first image (a row of ``Xt``) and averaged, each
+        weighted by how often it is stored, and all its images are aligned again onto that
+        average and averaged (two rounds of the invariant mean's fixed point, refined)."""
+        mu = self._unframed(Xt).reshape(rows.n_rows, -1).cpu().numpy().copy()
+        if Xown is None or not len(rows.own):
+            return mu
+        dev = Xt.device
+        stored = np.bincount(rows.inverse, minlength=rows.n_distinct).astype(np.float64)
+        own_row = rows.row_of_distinct[rows.own]
+        multi = np.unique(own_row)  # the rows of the shapes with copies
+        at = np.full(rows.n_rows, -1, dtype=np.int64)
+        at[multi] = np.arange(len(multi))
+        lab = torch.as_tensor(at[own_row], device=dev)
+        weight = np.bincount(rows.row_of_distinct, weights=stored, minlength=rows.n_rows)[multi]
+        w_first = torch.as_tensor(stored[rows.representatives[multi]] / weight, device=dev)
+        w_own = torch.as_tensor(stored[rows.own] / weight[at[own_row]], device=dev)
+        first = Xt[torch.as_tensor(multi, device=dev)]
+        target = first
+        for round_ in range(2):
+            total = first if round_ == 0 else fast_warp(first, self._align(target, first))
+            total = total * w_first.to(Xt.dtype)[:, None, None, None]
+            total.index_add_(0, lab, fast_warp(Xown, self._align(target[lab], Xown))
+                             * w_own.to(Xt.dtype)[:, None, None, None])
+            target = total
+        mu[multi] = self._unframed(target).reshape(len(multi), -1).cpu().numpy()
+        return mu
+
+    def _align(self, Q, K):
+        """The alignments ``(m, 3)`` that warp each image of ``K`` onto the image of ``Q`` in
+        its row: the grid search, then the refinement (``refine``)."""
+        one_each = torch.arange(Q.shape[0], device=Q.device)
+        _, _, p = candidate_search(Q, K, one_each[:, None], self._grid(refine=False), k=1,
+                                   batch_size=self.batch_size)
+        p = p[:, 0]
+        refine = self._grid(self.refine)
+        if refine.refine and any(refine.free):
+            _, p = refine_pairs(Q, K, one_each, one_each, p, refine)
+        return p.to(Q.dtype)
 
     def fit_predict(self, X, y=None):
         """Fit and return ``labels_``."""
@@ -821,13 +803,12 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
 class _Grouped(NamedTuple):
     """What the grouping stage gives: the labels of the fit's rows (largest cluster first),
     the squared distances of the grouped graph (each cluster's densest member), and the
-    ``graph_``, ``count_rule_`` and ``separation_`` it reports."""
+    ``graph_`` and ``count_rule_`` it reports."""
 
     labels: np.ndarray
     distances: torch.Tensor
     graph: str
     count_rule: str
-    separation: float | None
 
 
 @dataclass
