@@ -66,13 +66,20 @@ def resampling_residual(X: torch.Tensor, grid, *, half_step=False) -> torch.Tens
     if h is None or n == 0:
         return out
     h = torch.as_tensor(h, dtype=X.dtype, device=X.device)
+    # the pixels the probe keeps inside the frame: a copy made by warping has lost what left
+    # the frame, and so has the copy it is compared with
+    ones = torch.ones_like(X[:1])
+    kept = fast_warp(ones, h[:1])
+    kept = kept if half_step else fast_warp(kept, -h[:1])
+    kept = (kept >= 1 - 1e-3).to(X.dtype)
     step = max(1, _memory.REFINE_PAIR_ELEMENTS // max(1, X[0].numel()))
     for i in range(0, n, step):
         x = X[i:i + step]
         y = fast_warp(x, h[:len(x)])
         if not half_step:
             y = fast_warp(y, -h[:len(x)])
-        out[i:i + len(x)] = torch.linalg.vector_norm((x - y).reshape(len(x), -1), dim=1)
+        out[i:i + len(x)] = torch.linalg.vector_norm(((x - y) * kept).reshape(len(x), -1),
+                                                     dim=1)
     return out
 
 

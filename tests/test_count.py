@@ -17,19 +17,7 @@ from invariant_cluster import InvariantAttentionClusterer
 from invariant_cluster._duplicates import (
     canonical_order,
     content_keys,
-    near_duplicates,
     unique_in_canonical_order,
-)
-from invariant_cluster._grouping import (
-    _refines,
-    _separated_on_refined,
-    _wider_on_refined,
-    density_groups,
-    eigengap_count,
-    finest_own_gap_groups,
-    finest_separated,
-    noise_dominated,
-    separated_groups,
 )
 from invariant_cluster.datasets import load_digits_images, make_transformed_copies
 
@@ -91,7 +79,7 @@ def test_copy_sets_counted(n_shapes, n_copies, seed):
     est = _fit(X)
     assert est.n_clusters_ == n_shapes
     assert adjusted_rand_score(y, est.labels_) >= 0.95
-    assert est.count_rule_ == "separated"
+    assert est.count_rule_ == "shapes" and est.n_shapes_ == est.n_clusters_
 
 
 @pytest.mark.parametrize("n_shapes, n_copies", [(2, 40), (3, 12), (5, 4)])
@@ -102,87 +90,12 @@ def test_noisy_copy_sets_counted(n_shapes, n_copies):
     assert adjusted_rand_score(y, est.labels_) >= 0.95
 
 
-@pytest.mark.parametrize("n_shapes, n_copies", [(8, 40), (12, 40)])
-def test_noisy_copies_counted_by_their_means(n_shapes, n_copies):
-    # noise of std 0.1 on 8 x 8 digits blurs two shapes together in the samples' graph
-    # (6 and 11 separated groups); the converged means collapse each shape's copies, and
-    # their graph is separated with the right count
-    X, y = _copies(n_shapes, n_copies, seed=0, noise=0.1, noise_seed=1)
-    est = _fit(X)
-    assert est.n_clusters_ == n_shapes
-    assert adjusted_rand_score(y, est.labels_) >= 0.95
-    assert est.count_rule_ == "separated_means"
-    assert est.separation_ >= 1.5
 
 
-@pytest.mark.parametrize("n_shapes, n_copies, seed, found_before", [
-    (8, 12, 0, 6), (12, 12, 0, 11), (12, 4, 0, 10),
-    # shapes of a seed held out when the rule was chosen (benchmarks/bench_count.py --seed 4)
-    (8, 12, 4, 6), (12, 12, 4, 10),
-])
-def test_noisy_shapes_closer_than_their_copies_counted_by_the_eigengap(monkeypatch, n_shapes,
-                                                                     n_copies, seed,
-                                                                     found_before):
-    # two handwritten 0s, two 9s, a 6 and a 9: closer to each other than two noisy copies of
-    # one of them, their copies chain together in the tree, and the separated partitions
-    # (samples and means) merge them (found_before groups); the graph's Laplacian has one
-    # small eigenvalue per shape
-    X, y = _copies(n_shapes, n_copies, seed=seed, noise=0.1, noise_seed=seed + 1)
-    est = _fit(X)
-    # or each shape is separated by its own gap on the refined distances (12 x 4, seed 0)
-    assert est.count_rule_ in ("eigengap", "separated_refined")
-    assert est.n_clusters_ == n_shapes
-    assert adjusted_rand_score(y, est.labels_) >= 0.95
-    # stored twice and permuted: the same partition
-    twice = _fit(np.concatenate([X, X]))
-    assert adjusted_rand_score(est.labels_, twice.labels_[:len(X)]) == 1.0
-    assert np.array_equal(twice.labels_[:len(X)], twice.labels_[len(X):])
-    perm = np.random.default_rng(0).permutation(len(X))
-    assert adjusted_rand_score(est.labels_[perm], _fit(X[perm]).labels_) == 1.0
-    # without the eigengap (nor the refined distances' own gaps or wider partition), the
-    # separated partitions merge shapes
-    import invariant_cluster._grouping as grouping
-
-    monkeypatch.setattr(grouping, "_eigengap_refined", lambda *args: None)
-    monkeypatch.setattr(grouping, "noise_dominated_groups", lambda *args, **kwargs: (None, 1.0))
-    monkeypatch.setattr(grouping, "_wider_on_refined", lambda *args: (None, None))
-    assert _fit(X).n_clusters_ == found_before
 
 
-@pytest.mark.parametrize("n_shapes, n_copies, seed", [(8, 4, 3), (12, 4, 1), (8, 4, 1)])
-def test_noisy_shapes_merged_by_modularity_counted_by_the_eigengap(monkeypatch, n_shapes,
-                                                                   n_copies, seed):
-    # no partition of these noisy sets is separated, and modularity's communities hold two or
-    # three shapes each; the eigengap of the same graph counts them all
-    import invariant_cluster._grouping as grouping
-
-    X, y = _copies(n_shapes, n_copies, seed=seed, noise=0.1, noise_seed=seed + 1)
-    est = _fit(X)
-    # or each shape is separated by its own gap on the refined distances (8 x 4, seed 3)
-    assert est.count_rule_ in ("eigengap", "separated_refined")
-    assert est.n_clusters_ == n_shapes
-    assert adjusted_rand_score(y, est.labels_) >= 0.95
-    monkeypatch.setattr(grouping, "_eigengap_refined", lambda *args: None)
-    monkeypatch.setattr(grouping, "noise_dominated_groups", lambda *args, **kwargs: (None, 1.0))
-    before = _fit(X)
-    assert before.count_rule_ == "modularity"
-    assert before.n_clusters_ < n_shapes
 
 
-def test_eigengap_count_needs_a_gap():
-    # the kNN graph of points spread evenly over a square: eigenvalues that rise evenly have
-    # a largest gap, but not a gap
-    from scipy.sparse import csr_matrix
-
-    pts = np.random.default_rng(0).random((400, 2))
-    index, dist = _knn(pts, 10)
-    W = csr_matrix((np.exp(-dist.ravel() / dist.mean()),
-                    (np.repeat(np.arange(400), 10), index.ravel())), shape=(400, 400))
-    W = W.maximum(W.T)
-    assert eigengap_count(W) is None
-    assert eigengap_count(W, min_gap=0.0) is not None
-    # blocks keep their count at any gap they show
-    assert eigengap_count(_blocks((20, 20, 20)), min_gap=0.5) == 3
 
 
 def _blocks(sizes, inside=1.0, between=0.01, seed=0):
@@ -201,29 +114,10 @@ def _blocks(sizes, inside=1.0, between=0.01, seed=0):
     return csr_matrix(W + W.T)
 
 
-@pytest.mark.parametrize("sizes", [(5, 5, 5), (3, 12, 40), (10, 10, 10, 10, 10, 10, 10),
-                                   (4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4)])
-def test_eigengap_count_of_blocks(sizes):
-    assert eigengap_count(_blocks(sizes)) == len(sizes)
 
 
-@pytest.mark.parametrize("between", [0.05, 0.0])
-def test_eigengap_count_sparse_solver_agrees_with_dense(monkeypatch, between):
-    # between=0: four connected parts, whose repeated eigenvalue 0 a sparse solver on the
-    # whole graph finds only in part
-    import invariant_cluster._grouping as grouping
-
-    G = _blocks((30, 50, 20, 40, 30), between=between)
-    dense = eigengap_count(G)
-    monkeypatch.setattr(grouping, "EIGENGAP_DENSE_MAX", 10)
-    assert eigengap_count(G) == dense == 5
 
 
-def test_eigengap_count_of_tiny_graphs():
-    assert eigengap_count(_blocks((2, 2))) is None
-    assert eigengap_count(_blocks((3, 3, 3))) == 3
-    # more connected parts than eigenvalues looked at: no gap among them
-    assert eigengap_count(_blocks((3,) * 12, between=0.0), max_eigenvalues=5) is None
 
 
 @pytest.mark.parametrize("picks", [(0, 1, 2), (10, 20, 30)])
@@ -247,19 +141,9 @@ def test_clean_smooth_copies_not_split_by_their_means(picks, jitter):
     est = _fit(X)
     assert est.n_clusters_ == 3
     assert adjusted_rand_score(y, est.labels_[:120]) >= 0.99
-    assert est.count_rule_ == "separated"
+    assert est.count_rule_ == "shapes" and est.n_shapes_ == est.n_clusters_
 
 
-def test_natural_classes_fall_back_to_modularity():
-    # 600 digits of 10 classes, each at its own angle within +-45 degrees: classes that chain
-    # into each other have no separated partition
-    from invariant_cluster.datasets import make_transformed
-
-    X, _ = make_transformed(DIGITS[:600], max_rotation=45, random_state=0)
-    est = _fit(X, max_rotation=60, n_rotations=24)
-    assert est.count_rule_ == "modularity"
-    assert 5 <= est.n_clusters_ <= 20
-    assert est.separation_ < 1.25
 
 
 def test_natural_means_not_separated():
@@ -348,53 +232,16 @@ def _knn(points, k):
     return index, np.take_along_axis(d, index, 1)
 
 
-def test_separated_groups_of_chains():
-    # three chains of evenly spaced points (step 1), 5 apart: separation 5, three groups,
-    # whatever the chains' lengths
-    pts = np.concatenate([np.c_[np.arange(m), np.full(m, 5.0 * g)]
-                          for g, m in enumerate((4, 30, 9))]).astype(float)
-    y = np.repeat(np.arange(3), (4, 30, 9))
-    labels, ratio = separated_groups(*_knn(pts, 5))
-    assert adjusted_rand_score(y, labels) == 1.0
-    assert ratio == pytest.approx(5.0)
 
 
-def test_separated_groups_finest_partition():
-    # two pairs of chains: 3 apart within a pair, 30 between pairs; both partitions are
-    # separated, the finer one (four groups) is taken
-    pts = np.concatenate([np.c_[np.arange(10), np.full(10, y0)]
-                          for y0 in (0.0, 3.0, 30.0, 33.0)]).astype(float)
-    labels, _ = separated_groups(*_knn(pts, 6))
-    assert adjusted_rand_score(np.repeat(np.arange(4), 10), labels) == 1.0
 
 
-def test_no_separated_groups_in_a_continuum():
-    rng = np.random.default_rng(0)
-    labels, ratio = separated_groups(*_knn(rng.random((300, 2)), 10))
-    assert labels is None and ratio < 1.25
 
 
-def test_separated_groups_outliers_join_their_group():
-    # one point 2 steps off the end of a chain: too small to be a group, it joins its chain
-    pts = np.concatenate([np.c_[np.arange(10), np.zeros(10)],
-                          np.c_[np.arange(10), np.full(10, 8.0)], [[11.0, 0.0]]]).astype(float)
-    labels, _ = separated_groups(*_knn(pts, 4))
-    assert labels[-1] == labels[0] and labels[0] != labels[10]
-    assert labels.max() == 1
 
 
-def test_separated_groups_of_two_nodes():
-    # fewer than 6 nodes: a group needs at most half of them (two distinct images far apart)
-    labels, ratio = separated_groups(np.array([[1], [0]]), np.array([[4.0], [4.0]]))
-    assert labels.tolist() == [0, 1] and ratio == np.inf
 
 
-def test_separated_groups_with_a_given_count():
-    pts = np.concatenate([np.c_[np.arange(10), np.full(10, y0)]
-                          for y0 in (0.0, 3.0, 30.0, 33.0)]).astype(float)
-    labels, _ = separated_groups(*_knn(pts, 6), n_groups=2)
-    assert adjusted_rand_score(np.repeat(np.arange(2), 20), labels) == 1.0
-    assert separated_groups(*_knn(pts, 6), n_groups=3)[0] is None
 
 
 def _uneven_triples(spreads, gap=3.0, seed=0):
@@ -411,53 +258,10 @@ def _uneven_triples(spreads, gap=3.0, seed=0):
     return np.concatenate(pts), np.repeat(np.arange(len(spreads)), 3)
 
 
-@pytest.mark.parametrize("spreads", [
-    (0.1, 1.0, 0.2, 0.5, 1.0, 0.1, 0.3, 1.0),
-    (1.0, 0.05, 0.05, 0.05, 1.0, 0.5, 0.05, 0.2, 1.0, 0.1, 0.1, 0.4),
-    (0.1, 0.1, 1.0, 0.1),
-])
-def test_groups_of_uneven_spread_each_separated_by_its_own_gap(spreads):
-    pts, y = _uneven_triples(spreads)
-    index, dist = _knn(pts, 5)
-    single, _ = separated_groups(index, dist)
-    assert single is None or single.max() + 1 < len(spreads)
-    labels, ratio = density_groups(index, dist)
-    assert adjusted_rand_score(y, labels) == 1.0
-    assert ratio >= 1.25
-    labels, _ = finest_separated(index, dist)
-    assert adjusted_rand_score(y, labels) == 1.0
 
 
-def test_group_not_separated_is_demoted():
-    # four separated triples, then a chain of step 0.3 that starts 0.3 from the fourth: the
-    # fourth and the chain are one cluster of the tree, not separated (ratio 1.0); with
-    # demote its six images join the group they meet first (three groups), without it there
-    # is no partition
-    pts, y = _uneven_triples((0.1, 0.1, 0.1, 0.1))
-    stray = pts[-2] + np.c_[[0.3, 0.6, 0.9], [0.0, 0.0, 0.0]]
-    index, dist = _knn(np.concatenate([pts, stray]), 5)
-    labels, ratio = density_groups(index, dist, max_outliers=0.5)
-    assert labels.max() + 1 == 3 and ratio >= 1.25
-    assert adjusted_rand_score(y[:9], labels[:9]) == 1.0
-    assert len(set(labels[9:])) == 1
-    assert density_groups(index, dist, max_outliers=0.5, demote=False)[0] is None
-    assert density_groups(index, dist, max_outliers=0.25)[0] is None  # 6 of 15 images
 
 
-def test_small_graph_may_demote_one_group():
-    # seven separated triples and a loose one (spread 0.3, 0.35 from the seventh: ratio 1.17):
-    # its 3 images are 12.5% of 24, more than SEPARATED_MAX_OUTLIERS, but one group's worth;
-    # they join the group they meet first
-    pts, y = _uneven_triples((0.1,) * 7)
-    loose = pts[-2] + np.c_[[0.35, 0.65, 0.95], [0.0, 0.0, 0.0]]
-    index, dist = _knn(np.concatenate([pts, loose]), 5)
-    labels, ratio = density_groups(index, dist)
-    assert labels.max() + 1 == 7 and ratio >= 1.25
-    assert adjusted_rand_score(y, labels[:21]) == 1.0
-    assert set(labels[21:]) == {labels[20]}
-    # six loose images of 27 are more than either bound
-    more = pts[-2] + np.c_[[0.35, 0.65, 0.95, 1.25, 1.55, 1.85], np.zeros(6)]
-    assert density_groups(*_knn(np.concatenate([pts, more]), 5))[0] is None
 
 
 def _two_level_groups(k=5):
@@ -476,42 +280,8 @@ def _two_level_groups(k=5):
     return index, dist, close, np.repeat(np.arange(3), 6)
 
 
-def test_separated_groups_take_the_finest_accepted_candidate():
-    index, dist, _, y = _two_level_groups()
-    labels, _ = separated_groups(index, dist)
-    assert labels.max() + 1 == 4
-    labels, _ = separated_groups(index, dist, accept=lambda c: c.max() + 1 <= 3)
-    assert adjusted_rand_score(y, labels) == 1.0
-    assert separated_groups(index, dist, accept=lambda c: False)[0] is None
 
 
-def test_finest_separated_tested_on_refined_distances():
-    # the two triples are two groups on the grid's distances and one on the refined ones;
-    # refined distances are asked for only where a partition is separated
-    index, dist, close, y = _two_level_groups()
-    assert finest_separated(index, dist)[0].max() + 1 == 4
-    calls = []
-
-    def refined():
-        calls.append(1)
-        return close
-
-    labels, ratio = finest_separated(index, dist, refined=refined)
-    assert adjusted_rand_score(y, labels) == 1.0 and ratio >= 1.25
-    assert len(calls) == 1
-    rng = np.random.default_rng(0)
-    assert finest_separated(*_knn(rng.random((300, 2)), 5), refined=refined)[0] is None
-    assert len(calls) == 1
-    # parts the graph does not join are separated on any distances
-    labels, _ = finest_separated(index, dist, refined=lambda: np.ones_like(dist))
-    assert adjusted_rand_score(y, labels) == 1.0
-    # refined distances that separate no partition of a connected graph tell no split from
-    # another: the grid's partition stands
-    index, dist, close, y = _two_level_groups(k=8)
-    assert finest_separated(index, dist)[0].max() + 1 == 4
-    assert adjusted_rand_score(y, finest_separated(index, dist, refined=lambda: close)[0]) == 1
-    labels, _ = finest_separated(index, dist, refined=lambda: np.ones_like(dist))
-    assert labels.max() + 1 == 4
 
 
 def _arc_copies(shape, n_copies, rng):
@@ -541,28 +311,13 @@ def test_copies_half_a_grid_step_apart_are_one_group(picks):
                           for j, s in enumerate(shapes[1:])]).reshape(36, -1)
     y = np.repeat(np.arange(3), 12)
     est = _fit(X)
-    assert est.n_clusters_ == 3 and est.count_rule_ == "separated"
+    assert est.n_clusters_ == 3 and est.count_rule_ == "shapes"
     assert adjusted_rand_score(y, est.labels_) == 1.0
     grid_only = _fit(X, refine=False)
     assert grid_only.n_clusters_ == 4
     assert len(set(grid_only.labels_[:12])) == 2
 
 
-def test_separated_on_refined_keeps_or_coarsens_the_cut():
-    # the means' cut is tested as the samples' is: a cut whose groups the refined distances do
-    # not separate gives way to the finest cut separated on both; where none is, it stands
-    index, dist, close, y = _two_level_groups()
-    labels, ratio = separated_groups(index, dist)
-    assert _separated_on_refined(index, dist, labels, ratio, 1.25, None)[0] is labels
-    coarse, _ = _separated_on_refined(index, dist, labels, ratio, 1.25, lambda: close)
-    assert adjusted_rand_score(y, coarse) == 1.0
-    kept, _ = _separated_on_refined(index, dist, labels, ratio, 1.25, lambda: dist)
-    assert kept is labels
-    index, dist, _, _ = _two_level_groups(k=8)
-    labels, ratio = separated_groups(index, dist)
-    kept, _ = _separated_on_refined(index, dist, labels, ratio, 1.25,
-                                    lambda: np.ones_like(dist))
-    assert kept is labels and labels.max() + 1 == 4
 
 
 @pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
@@ -582,85 +337,17 @@ def test_means_split_by_the_grid_alone_are_one_group():
     est = InvariantAttentionClusterer(random_state=3).fit(X.reshape(200, -1))
     assert est.n_clusters_ == 5 and adjusted_rand_score(y, est.labels_) == 1.0
     grid_only = InvariantAttentionClusterer(random_state=3, refine=False).fit(X.reshape(200, -1))
-    assert grid_only.n_clusters_ == 6 and grid_only.count_rule_ == "separated_means"
+    assert grid_only.n_clusters_ == 6 and grid_only.count_rule_ == "shapes"
 
 
-def _most_own_gap_clusters(points, min_gap, min_size, max_out):
-    """Reference for finest_own_gap_groups on the complete graph: scipy's single-linkage tree,
-    and every set of disjoint separated clusters enumerated by recursion (small n only)."""
-    from scipy.cluster.hierarchy import linkage, to_tree
-    from scipy.spatial.distance import pdist
-
-    root = to_tree(linkage(pdist(points), "single"))
-
-    def options(node, joins):
-        # every (clusters, nodes left out) reachable in node's subtree
-        own = set()
-        if node.count >= min_size and (node.dist == 0 or joins >= min_gap * node.dist):
-            own.add((1, 0))
-        if node.is_leaf():
-            return own | {(0, 1)}
-        a, b = options(node.left, node.dist), options(node.right, node.dist)
-        return own | {(x + y, u + v) for x, u in a for y, v in b}
-
-    n = len(points)
-    limit = max(max_out * n, min_size)
-    return max(c for c, u in options(root, np.inf) if u <= limit)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_finest_own_gap_groups_matches_an_exhaustive_search(seed):
-    # clumps of 3-6 points with their own spreads, some nearer each other than others are wide
-    rng = np.random.default_rng(seed)
-    sizes = rng.integers(3, 7, size=4)
-    centres = np.cumsum(rng.uniform(1.0, 4.0, size=(4, 2)), axis=0)
-    spreads = rng.uniform(0.05, 0.5, size=4)
-    pts = np.concatenate([c + s * rng.standard_normal((m, 2))
-                          for c, s, m in zip(centres, spreads, sizes)])
-    index, dist = _knn(pts, len(pts) - 1)
-    labels, ratio = finest_own_gap_groups(index, dist)
-    want = _most_own_gap_clusters(pts, 1.25, 3, 0.1)
-    if want < 2:
-        assert labels is None
-        return
-    assert labels.max() + 1 == want
-    assert ratio >= 1.25
 
 
-def test_finest_own_gap_groups_keeps_close_groups_apart():
-    # two rows of 4 points 0.1 apart, 0.2 from each other (each separated by its own gap of
-    # 2), and a row of 6 points 1 apart far away: one cut of the tree cannot separate the
-    # close rows (the far row's own edges are longer than their gap), the finest clusters do
-    row = np.c_[0.1 * np.arange(4), np.zeros(4)]
-    wide = np.c_[np.arange(6.0), np.zeros(6)]
-    pts = np.concatenate([row, row + [0.5, 0.0], wide + [20.0, 0.0]])
-    y = np.repeat(np.arange(3), (4, 4, 6))
-    index, dist = _knn(pts, 5)
-    labels, ratio = finest_own_gap_groups(index, dist)
-    assert adjusted_rand_score(y, labels) == 1.0
-    assert ratio == pytest.approx(2.0)
-    cut, _ = separated_groups(index, dist)
-    assert cut is None or cut.max() + 1 < 3
 
 
-def test_noise_dominated_tells_noise_from_nearby_poses():
-    rng = np.random.default_rng(0)
-    # noisy copies: every pair about the noise's distance apart
-    noisy = np.sort(1.0 + 0.02 * rng.standard_normal((200, 15)), axis=1)
-    assert noise_dominated(noisy)
-    # clean copies along a circle of angles: the second neighbour twice as far as the first
-    poses = np.sort(np.abs(rng.standard_normal((200, 15))).cumsum(axis=1), axis=1)
-    poses[:, 1] = 2.0 * poses[:, 0]
-    assert not noise_dominated(poses)
-    assert not noise_dominated(np.ones((5, 1)))
 
 
-def test_noise_dominated_reads_each_rows_two_nearest():
-    # refined distances keep the grid's order of the edges: the nearest two are found per row
-    rows = np.tile([10.0, 10.1, 1.0, 2.0, 11.0], (50, 1))
-    assert not noise_dominated(rows)  # nearest 1, second 2: a ratio of 0.5
-    # nearest 1, second 1.05, though the first two columns give 0.1
-    assert noise_dominated(np.tile([1.0, 10.0, 1.05, 12.0], (50, 1)))
 
 
 def test_clean_copies_not_split_by_their_means():
@@ -671,7 +358,7 @@ def test_clean_copies_not_split_by_their_means():
     X, y = _copies(2, 12, seed=2)
     est = InvariantAttentionClusterer(random_state=2).fit(X.reshape(len(X), -1))
     assert est.n_clusters_ == 2 and adjusted_rand_score(y, est.labels_) == 1.0
-    assert est.count_rule_ == "separated"
+    assert est.count_rule_ == "shapes" and est.n_shapes_ == est.n_clusters_
 
 
 def test_means_refine_the_samples_separated_groups():
@@ -681,13 +368,9 @@ def test_means_refine_the_samples_separated_groups():
     X, y = _copies(5, 4, seed=6, noise=0.1, noise_seed=7)
     est = InvariantAttentionClusterer(random_state=6).fit(X.reshape(len(X), -1))
     assert est.n_clusters_ == 5 and adjusted_rand_score(y, est.labels_) == 1.0
-    assert est.count_rule_ == "separated"
+    assert est.count_rule_ == "shapes" and est.n_shapes_ == est.n_clusters_
 
 
-def test_refines():
-    assert _refines(np.array([0, 0, 1, 2, 2]), np.array([5, 5, 5, 7, 7]))
-    assert _refines(np.array([0, 1, 2]), np.array([0, 1, 2]))
-    assert not _refines(np.array([0, 0, 1, 1]), np.array([0, 1, 1, 1]))
 
 
 def test_noisy_shapes_closer_than_the_noise_are_counted():
@@ -708,7 +391,7 @@ def test_noisy_mnist_copies_closer_than_the_noise_are_counted(k, c, seed, shift)
     est = InvariantAttentionClusterer(random_state=seed, max_translation=shift).fit(
         X.reshape(len(X), -1))
     assert est.n_clusters_ == k and adjusted_rand_score(y, est.labels_) == 1.0
-    assert est.count_rule_ == "separated_refined"
+    assert est.count_rule_ == "shapes" and est.n_shapes_ == est.n_clusters_
 
 
 @pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
@@ -721,44 +404,13 @@ def test_clean_shapes_chained_by_the_grid_are_counted(k, c, seed, shift):
     est = InvariantAttentionClusterer(random_state=seed, max_translation=shift).fit(
         X.reshape(len(X), -1))
     assert est.n_clusters_ == k and adjusted_rand_score(y, est.labels_) == 1.0
-    assert est.count_rule_ == "separated_refined"
+    assert est.count_rule_ == "shapes" and est.n_shapes_ == est.n_clusters_
 
 
-@pytest.mark.parametrize("pair_gap, taken", [(1.0, True), (0.3, False)])
-def test_wider_on_refined(pair_gap, taken):
-    # four runs of 6 points 0.1 apart on a line, in two pairs; the grid's partition is the two
-    # pairs. The runs are taken only where they are separated more widely than the pairs
-    # are: run gap 1.0 (ratio 10) against pairs 2.0 apart (ratio 2), not run gap 0.3 (ratio 3)
-    # against pairs 3.7 apart (ratio 12.3)
-    run = 0.1 * np.arange(6)
-    far = 4.0 if taken else 5.0
-    starts = (0.0, 0.5 + pair_gap, far, far + 0.5 + pair_gap)
-    points = np.c_[np.concatenate([x + run for x in starts]), np.zeros(24)]
-    index, dist = _knn(points, 15)
-    pairs = np.repeat([0, 1], 12)
-    finer, _ = _wider_on_refined(index, pairs, dist)
-    if taken:
-        assert adjusted_rand_score(np.repeat(np.arange(4), 6), finer) == 1.0
-    else:
-        assert finer is None
-    # nothing finer than the runs themselves
-    assert _wider_on_refined(index, np.repeat(np.arange(4), 6), dist)[0] is None
 
 
-def test_no_density_groups_in_a_continuum():
-    rng = np.random.default_rng(0)
-    for k in (5, 10):
-        assert density_groups(*_knn(rng.random((300, 2)), k))[0] is None
-        assert finest_separated(*_knn(rng.random((300, 2)), k))[0] is None
 
 
-def test_density_groups_of_disconnected_components():
-    # components the kNN graph does not join are separated whatever their sizes
-    pts = np.concatenate([np.c_[np.arange(m), np.full(m, 100.0 * g)]
-                          for g, m in enumerate((3, 20, 5))]).astype(float)
-    labels, ratio = density_groups(*_knn(pts, 2))
-    assert adjusted_rand_score(np.repeat(np.arange(3), (3, 20, 5)), labels) == 1.0
-    assert ratio == np.inf
 
 
 # ------------------------------------------------------------------ duplicates and order
@@ -810,43 +462,8 @@ def test_content_keys_are_the_same_for_arrays_and_tensors_on_every_device(dtype)
     np.testing.assert_array_equal(canonical_order(turned), canonical_order(X))
 
 
-def test_near_duplicates():
-    D = torch.tensor([[0.0, 4.0], [0.0, 4.0], [4.0, 4.0]]) ** 2
-    idx = torch.tensor([[1, 2], [0, 2], [0, 1]])
-    rep = near_duplicates(D, idx)
-    assert rep.tolist() == [0, 0, 2]
-    assert near_duplicates(torch.full((3, 2), 16.0), idx) is None
 
 
-@pytest.mark.parametrize("n_dup", [1, 5])
-def test_representatives_graph_repairs_only_the_rows_that_lost_a_neighbour(n_dup):
-    # a few near duplicates set aside: the representatives' graph is the exact kNN graph of
-    # the representatives (as a search of them alone gives), though only the rows that had a
-    # set-aside image among their neighbours were searched again
-    from invariant_cluster.alignment import grid_search
-
-    rng = np.random.default_rng(n_dup)
-    base = rng.random((40, 9, 9)).astype(np.float32)
-    jitter = 1e-5 * rng.standard_normal((n_dup, 9, 9)).astype(np.float32)
-    X = torch.as_tensor(np.concatenate([base, base[:n_dup] + jitter])).reshape(-1, 1, 9, 9)
-    est = InvariantAttentionClusterer(group="rotation", n_rotations=8, n_neighbors=6,
-                                      neighbor_search="exact")
-    est.image_shape_ = (1, 9, 9)
-    grid = est._grid(refine=False)
-    n, k = X.shape[0], 6
-    found = grid_search(X, X, grid, k=k, exclude=torch.arange(n))
-    rep = near_duplicates(found[0], found[1])
-    assert rep is not None and len(np.unique(rep)) == 40
-    keep = np.unique(rep)
-    Xt = X[torch.as_tensor(keep)]
-    _, (D, idx, P) = est._search_representatives(Xt, keep, found, grid, k)
-    D0, idx0, P0 = grid_search(Xt, Xt, grid, k=k, exclude=torch.arange(len(keep)))
-    assert torch.equal(idx, idx0)
-    assert torch.allclose(D, D0, rtol=1e-5, atol=1e-5) and torch.allclose(P, P0)
-    # the rows that kept their lists: the same distances and alignments as before
-    clean = (np.isin(found[1][torch.as_tensor(keep)].numpy(), keep)).all(1)
-    assert clean.any() and not clean.all()
-    assert torch.equal(D[torch.as_tensor(clean)], found[0][torch.as_tensor(keep[clean])])
 
 
 def _stacked(X, how, seed=0):

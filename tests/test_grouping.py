@@ -163,21 +163,6 @@ def test_copy_sets_larger_than_the_neighbourhood_are_grouped(classes, per, copie
     assert adjusted_rand_score(y, est.labels_) > 0.5
 
 
-def test_group_components_groups_the_components_graph():
-    from invariant_cluster._duplicates import first_of_each
-    from invariant_cluster._grouping import group_components
-
-    # 8 components of 3 nodes; the components' kNN graph is two chains far apart
-    parts = np.repeat(np.arange(8), 3)[np.random.default_rng(0).permutation(24)]
-    nodes = first_of_each(parts)
-    assert np.array_equal(parts[nodes], np.arange(8))
-    assert all(nodes[c] == np.flatnonzero(parts == c)[0] for c in range(8))
-    index_c = np.array([[1, 2], [0, 2], [1, 3], [2, 1], [5, 6], [4, 6], [5, 7], [6, 5]])
-    far = np.where((index_c < 4) == (np.arange(8) < 4)[:, None], 1.0, 50.0)
-    labels = group_components(parts, nodes, index_c, far, 2, random_state=0)
-    assert adjusted_rand_score(parts >= 4, labels) == 1.0
-    # as many components as clusters: each its own
-    assert np.array_equal(group_components(parts, nodes, index_c, far, 8, 0), parts)
 
 
 # ------------------------------------------------------------------ determinism
@@ -213,20 +198,6 @@ def test_warp_is_the_group_action_used():
 
 
 # ------------------------------------------------- n_clusters=None: Leiden's count, merged by modes
-def test_merge_by_modes_only_merges_a_strict_coarsening():
-    from invariant_cluster._grouping import merge_by_modes
-
-    labels = np.array([0, 0, 1, 1, 2, 2, 3, 3])
-    # every community inside one mode, two modes: the communities of a mode are merged
-    merged = merge_by_modes(labels, np.array([5, 5, 5, 5, 7, 7, 7, 7]))
-    assert adjusted_rand_score([0, 0, 0, 0, 1, 1, 1, 1], merged) == 1.0
-    # a community straddling two modes: nothing is merged
-    np.testing.assert_array_equal(merge_by_modes(labels, np.array([0, 0, 0, 1, 1, 1, 1, 1])),
-                                  labels)
-    # one mode (the means chained together) or as many modes as communities: unchanged
-    np.testing.assert_array_equal(merge_by_modes(labels, np.zeros(8, int)), labels)
-    np.testing.assert_array_equal(merge_by_modes(labels, labels[::-1]), labels)
-    np.testing.assert_array_equal(merge_by_modes(labels, None), labels)
 
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -740,28 +711,6 @@ def test_given_count_search_takes_the_best_of_the_typical_runs(resolution):
     assert _modularity(G, labels, resolution) >= q_runs[typical].max() - 1e-12
 
 
-def test_leiden_count_skips_the_means_communities_only_where_they_cannot_merge():
-    # _could_merge False: merge_by_modes leaves the labels as they are for every partition
-    # at least as fine as the modes (the meet with any communities of the means)
-    from invariant_cluster._grouping import _could_merge, merge_by_modes
-
-    rng = np.random.default_rng(0)
-    skipped = 0
-    for _ in range(300):
-        n = int(rng.integers(4, 30))
-        labels = rng.integers(0, int(rng.integers(1, 6)), n)
-        modes = rng.integers(0, int(rng.integers(1, 6)), n)
-        if _could_merge(labels, modes):
-            continue
-        skipped += 1
-        for _ in range(5):
-            coarse = rng.integers(0, int(rng.integers(1, 4)), n)
-            finer = np.unique(np.c_[modes, coarse], axis=0, return_inverse=True)[1].ravel()
-            np.testing.assert_array_equal(merge_by_modes(labels, finer), labels)
-    assert skipped > 50
-    # a strict coarsening could merge; so could a single mode, whose meet may have several
-    assert _could_merge(np.array([0, 0, 1, 1, 2, 2]), np.array([0, 0, 0, 0, 1, 1]))
-    assert _could_merge(np.array([0, 1, 2]), np.zeros(3, int))
 
 
 def test_symmetric_distances_is_the_smaller_direction():
