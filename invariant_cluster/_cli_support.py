@@ -193,13 +193,15 @@ def _save_figure(ax, path):
     plt.close(fig)
 
 
-def _write_labels(out, labels, y, names, file="labels.csv"):
-    """``file`` (``labels.csv``): each image (index or file name), its cluster and its true
-    label."""
+def _write_labels(out, labels, y, names, file="labels.csv", shapes=None):
+    """``file`` (``labels.csv``): each image (index or file name), its cluster, its shape
+    (``shapes``: the group of copies it belongs to, where given) and its true label."""
     ids = names if names is not None else list(range(len(labels)))
     id_col = "file" if names is not None else "index"
-    header = [id_col, "label"] + (["true_label"] if y is not None else [])
-    rows = [[ids[i], int(labels[i])] + ([y[i].item()] if y is not None else [])
+    header = ([id_col, "label"] + (["shape"] if shapes is not None else [])
+              + (["true_label"] if y is not None else []))
+    rows = [[ids[i], int(labels[i])] + ([int(shapes[i])] if shapes is not None else [])
+            + ([y[i].item()] if y is not None else [])
             for i in range(len(labels))]
     _write_csv(out / file, header, rows)
     return ids, id_col

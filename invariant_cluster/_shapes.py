@@ -1,22 +1,26 @@
 """Shapes: the groups of samples that are transformed copies of one image.
 
-Two samples are copies when their continuously refined invariant distance is within what
-the resampling and the noise put between two copies of one image, both measured on the data:
+Two samples are copies when their continuously refined invariant distance is within what the
+resampling and the noise put between two copies of one image, both measured on the data:
 
-- the **resampling residual** ``e_i = ||x_i - T_h^-1 T_h x_i||`` of each image, ``T_h`` a
-  rotation by ``min(45, max_rotation)`` degrees (a half-pixel shift for the translation group):
-  the blur of bilinear interpolation, with what the rotation moves out of the frame, that a
-  copy made by warping carries (:func:`resampling_residual`);
-- the **noise** left in the filtered images, ``nu^2 = E ||F n||^2`` for white noise ``n`` of
-  the measured standard deviation through the fit's filter ``F`` (:func:`noise_power`); two
-  noisy copies differ by about ``2 nu^2`` more.
+- the **resampling residual of the edge's own alignment** ``T`` (warping ``x_j`` onto
+  ``x_i``): ``e_ij = min(||x_j - T^-1 T x_j||, ||x_i - T T^-1 x_i||)`` on the pixels both warps
+  keep inside the frame, the blur bilinear interpolation puts into a copy turned by ``T``
+  (zero for a quarter turn or an integer shift, which move whole pixels;
+  :func:`alignment_residual`);
+- the **noise** left in the filtered images: ``2 nu^2``, ``nu^2 = E ||F n||^2`` for white noise
+  ``n`` of the measured standard deviation through the fit's filter ``F``
+  (:func:`noise_power`), the distance two independent noises put between two copies; at most
+  the graph's shortest edge that the resampling does not explain, since two independent noises
+  leave no two images closer (the estimate also reads an image's own fine detail as noise).
 
-An edge ``(i, j)`` of the invariant kNN graph is a copy edge when
-``d_ij^2 <= max(e_i, e_j)^2 + 2 nu^2``, and the shapes are the connected components of the
-copy edges (an exact duplicate is a copy under the identity). Only the edges whose grid
-distance can still be a copy's are refined: by the triangle inequality the grid leaves a copy
-at most ``g_j = ||x_j - T_g x_j||`` (``T_g`` half a grid step of rotation) farther than the
-refinement does. The measurements behind the rule: ``docs/design/shapes.rst``.
+An edge is a copy edge when ``d_ij^2 <= e_ij^2 + noise``; the shapes are the connected
+components of the copy edges (an exact duplicate is a copy under the identity). Only the edges
+whose grid distance can still be a copy's are refined: by the triangle inequality the grid
+leaves a copy at most ``g_j = ||x_j - T_g x_j||`` (``T_g``: half a grid step of rotation, half
+a pixel of shift) farther than the refinement, and the residual of a turn is bounded by the
+larger of the two images' residuals under a turn of ``min(45, max_rotation)`` degrees
+(:func:`resampling_residual`). The measurements behind the rule: ``docs/design/shapes.rst``.
 """
 
 from __future__ import annotations
@@ -29,18 +33,23 @@ from scipy.sparse.csgraph import connected_components
 from . import _memory
 from ._duplicates import first_of_each
 from .search import refine_pairs
-from .transforms import fast_warp
+from .transforms import fast_warp, invert_se2
 
-# The rotation of the resampling probe, in degrees (at most the searched range): the blur of
-# bilinear interpolation is the same at any angle away from a quarter turn (docs/design/shapes.rst)
+# The turn that bounds the resampling residual of any alignment, for the shortlist of edges
+# refined, in degrees (at most the searched range): bilinear interpolation blurs alike at any
+# angle away from a quarter turn (docs/design/shapes.rst)
 PROBE_ROTATION = 45.0
 # White-noise images drawn to measure the filtered noise's power
 _NOISE_DRAWS = 8
+# Frame pixels count as kept by a warp where it keeps at least this much of their weight
+_KEPT = 1 - 1e-3
 
 
 def _probe_params(grid, n, half_step=False):
-    """``(n, 3)`` parameters of the probe ``T_h`` (``half_step``: ``T_g``, half a grid step of
-    rotation, the grid's worst miss), or None where the group has no transformation."""
+    """``(n, 3)`` parameters of the probe (``half_step``: half a grid step of rotation and half
+    a pixel of shift, the grid's worst miss; else a turn of ``min(45, max_rotation)`` degrees,
+    or half a pixel of shift for the translation group), or None where the group has no
+    transformation."""
     rot, trans, _ = grid.free
     h = np.zeros(3)
     if rot:
@@ -56,30 +65,52 @@ def _probe_params(grid, n, half_step=False):
     return np.tile(h, (n, 1))
 
 
+def _round_trip_residual(x, p):
+    """``||x - T_p^-1 T_p x||`` on the pixels both warps keep inside the frame, per row."""
+    ones = torch.ones_like(x[:, :1])
+    inverse = invert_se2(p)
+    kept = fast_warp(fast_warp(ones, p), inverse) >= _KEPT
+    back = fast_warp(fast_warp(x, p), inverse)
+    return torch.linalg.vector_norm(((x - back) * kept).reshape(len(x), -1), dim=1)
+
+
+def _blocks(n, X):
+    step = max(1, _memory.REFINE_PAIR_ELEMENTS // max(1, X[0].numel()))
+    return range(0, n, step), step
+
+
 def resampling_residual(X: torch.Tensor, grid, *, half_step=False) -> torch.Tensor:
-    """``||x - T^-1 T x||`` for every image of ``X`` ``(n, C, H, W)`` (``T``: the probe of the
-    module's docstring; ``half_step``: ``||x - T_g x||``), in memory-bounded blocks; zeros where
-    the group has no transformation."""
+    """The probe's residual for every image of ``X`` ``(n, C, H, W)``: ``||x - T^-1 T x||``
+    (on the pixels kept in the frame), or with ``half_step`` the one-way ``||x - T_g x||``;
+    zeros where the group has no transformation."""
     n = X.shape[0]
     out = torch.zeros(n, dtype=X.dtype, device=X.device)
     h = _probe_params(grid, n, half_step)
     if h is None or n == 0:
         return out
     h = torch.as_tensor(h, dtype=X.dtype, device=X.device)
-    # the pixels the probe keeps inside the frame: a copy made by warping has lost what left
-    # the frame, and so has the copy it is compared with
-    ones = torch.ones_like(X[:1])
-    kept = fast_warp(ones, h[:1])
-    kept = kept if half_step else fast_warp(kept, -h[:1])
-    kept = (kept >= 1 - 1e-3).to(X.dtype)
-    step = max(1, _memory.REFINE_PAIR_ELEMENTS // max(1, X[0].numel()))
-    for i in range(0, n, step):
+    starts, step = _blocks(n, X)
+    for i in starts:
         x = X[i:i + step]
-        y = fast_warp(x, h[:len(x)])
-        if not half_step:
-            y = fast_warp(y, -h[:len(x)])
-        out[i:i + len(x)] = torch.linalg.vector_norm(((x - y) * kept).reshape(len(x), -1),
-                                                     dim=1)
+        if half_step:
+            out[i:i + len(x)] = torch.linalg.vector_norm(
+                (x - fast_warp(x, h[:len(x)])).reshape(len(x), -1), dim=1)
+        else:
+            out[i:i + len(x)] = _round_trip_residual(x, h[:len(x)])
+    return out
+
+
+def alignment_residual(X, qi, kj, params):
+    """``e_ij`` of the module's docstring for the pairs ``(qi, kj)`` whose alignments
+    ``params`` warp ``X[kj]`` onto ``X[qi]``, in memory-bounded blocks of pairs."""
+    m = qi.shape[0]
+    out = torch.empty(m, dtype=X.dtype, device=X.device)
+    p = params[:, :3].to(X.dtype)
+    starts, step = _blocks(m, X)
+    for s in starts:
+        sl = slice(s, s + step)
+        out[sl] = torch.minimum(_round_trip_residual(X[kj[sl]], p[sl]),
+                                _round_trip_residual(X[qi[sl]], invert_se2(p[sl])))
     return out
 
 
@@ -105,35 +136,37 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
     """The shapes of the images ``X`` from their invariant kNN graph on the grid (``D``:
     squared distances, ``idx``: neighbours, ``P``: alignments, each ``(n, k)``): ``rep``, each
     image's shape as its first image (lowest index), or None where every image is its own
-    shape. ``nu2``: :func:`noise_power`."""
+    shape. ``refine_grid``: the grid of the refinement (none where ``refine=False``);
+    ``nu2``: :func:`noise_power`."""
     n, k = idx.shape
     if n < 2 or k == 0:
         return None
+    d2 = D.double()
+    finite = torch.isfinite(d2)
+    # the edges the grid leaves within reach of a copy's tolerance
     e = resampling_residual(X, grid).double()
     g = resampling_residual(X, grid, half_step=True).double()
-    tol2 = torch.minimum(e[:, None], e[idx]).pow(2)  # (n, k): the resampling's part
-    d2 = D.double()
-    # two independent noises put 2 nu^2 between two copies, and no two images closer than
-    # that unless they are copies under the resampling alone: the smallest other edge bounds
-    # the noise as measured (the estimate reads an image's own fine detail as noise too: the
-    # edges of 8 x 8 digits)
-    beyond = torch.isfinite(d2) & (d2 > tol2)
-    noise2 = min(2.0 * float(nu2), float(d2[beyond].min())) if bool(beyond.any()) else 0.0
-    tol2 = tol2 + noise2
-    # the grid's distance can still be a copy's: d_grid <= sqrt(tol2) + g_j
-    maybe = torch.isfinite(d2) & (d2.clamp(min=0).sqrt() <= tol2.sqrt() + g[idx])
+    bound = (torch.maximum(e[:, None], e[idx]).pow(2) + 2.0 * nu2).sqrt() + g[idx]
+    maybe = finite & (d2.clamp(min=0).sqrt() <= bound)
     pairs = torch.nonzero(maybe.reshape(-1)).ravel()
     if pairs.numel() == 0:
         return None
     qi = torch.div(pairs, k, rounding_mode="floor")
     kj = idx.reshape(-1)[pairs]
-    d_grid = d2.reshape(-1)[pairs]
+    d_pair = d2.reshape(-1)[pairs]
+    p_pair = P.reshape(n * k, -1)[pairs]
     if refine_grid.refine and any(refine_grid.free):
-        d_ref, _ = refine_pairs(X, X, qi, kj, P.reshape(n * k, -1)[pairs], refine_grid)
-        d_ref = torch.minimum(d_grid, d_ref.double())
-    else:
-        d_ref = d_grid
-    copy = d_ref <= tol2.reshape(-1)[pairs]
+        d_ref, p_ref = refine_pairs(X, X, qi, kj, p_pair, refine_grid)
+        better = d_ref.double() < d_pair
+        d_pair = torch.where(better, d_ref.double(), d_pair)
+        p_pair = torch.where(better[:, None], p_ref.to(p_pair.dtype), p_pair)
+    resampled = alignment_residual(X, qi, kj, p_pair).double().pow(2)
+    # the noise: as measured, and no more than the shortest edge the resampling leaves
+    # unexplained (the edges not refined are such edges, at their grid distance)
+    rest = d2[finite & ~maybe]
+    beyond = torch.cat([d_pair[d_pair > resampled], rest])
+    noise2 = min(2.0 * float(nu2), float(beyond.min())) if beyond.numel() else 2.0 * float(nu2)
+    copy = d_pair <= resampled + noise2
     if not bool(copy.any()):
         return None
     rows, cols = qi[copy].cpu().numpy(), kj[copy].cpu().numpy()

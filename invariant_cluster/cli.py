@@ -93,9 +93,11 @@ light background). Pixels are taken at their values,
 as the Python API takes them (uint8 stays 0..255). Arrays may be (n, H, W), (n, C, H, W),
 or (n, H*W) with square images (else give --image-shape).
 
-Output (in --out): labels.csv, alignments.csv (the rotation in degrees and shift in pixels
-that move each image onto its cluster's center), centers.png, centers.npy, and metrics.json
-(ACC, ARI, NMI) when labels are known."""
+Output (in --out): labels.csv (each image's cluster and shape: the group of transformed copies
+of one image it belongs to), alignments.csv (the rotation in degrees and shift in pixels that
+move each image onto its cluster's center), centers.png, centers.npy, shapes.png (each
+cluster's shapes by their invariant means), and metrics.json (ACC, ARI, NMI) when labels are
+known."""
 
 _FIT_EPILOG = """\
 examples:
@@ -200,7 +202,8 @@ def _estimator_params(args, **fixed):
     return params
 
 
-_FIT_FILES = ("labels.csv", "alignments.csv", "centers.npy", "centers.png", "metrics.json")
+_FIT_FILES = ("labels.csv", "alignments.csv", "centers.npy", "centers.png", "shapes.png",
+              "metrics.json")
 
 
 def _read_input(args, labels=None, stack=False):
@@ -399,9 +402,9 @@ def _cmd_class_averages(args):
 def _write_fit_outputs(out, est, X, y, names, seconds, args):
     import numpy as np
 
-    from .plotting import plot_invariant_means
+    from .plotting import plot_invariant_means, plot_shapes
 
-    ids, id_col = _write_labels(out, est.labels_, y, names)
+    ids, id_col = _write_labels(out, est.labels_, y, names, shapes=est.shape_labels_)
     labels = est.labels_
     a = est.alignments_
     # with --reflection a 4th column: 1 where the image is mirrored onto its cluster's mean
@@ -411,6 +414,7 @@ def _write_fit_outputs(out, est, X, y, names, seconds, args):
                  *([str(int(round(a[i, 3])))] if mirror else [])] for i in range(len(X))])
     np.save(out / "centers.npy", est.cluster_centers_.reshape(-1, *est.image_shape_))
     _save_figure(plot_invariant_means(est, max_clusters=50), out / "centers.png")
+    _save_figure(plot_shapes(est, max_clusters=20), out / "shapes.png")
     if y is not None:
         from .metrics import clustering_scores
 
@@ -420,6 +424,8 @@ def _write_fit_outputs(out, est, X, y, names, seconds, args):
             "input": str(args.input),
             "n_samples": int(len(X)),
             "n_clusters": int(est.n_clusters_),
+            "n_shapes": int(est.n_shapes_),
+            "count_rule": est.count_rule_,
             "n_classes": int(len(np.unique(y))),
             **clustering_scores(y, labels),
             "seconds": seconds,

@@ -13,6 +13,7 @@ the channels.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from ._plot_diagnostics import plot_eigenvector_check, plot_projection_loss
 __all__ = [
     "plot_images",
     "plot_invariant_means",
+    "plot_shapes",
     "plot_alignments",
     "plot_attention_weights",
     "plot_convergence",
@@ -216,6 +218,90 @@ def plot_invariant_means(estimator, ax=None, *, n_cols=None, max_clusters=None, 
     n_rows = max(1, math.ceil(k / n_cols))
     ax = _new_axes(ax, (1.1 * min(n_cols, k or 1) + 0.4, 1.4 * n_rows + 0.5))
     _draw_tiles(ax, X, captions, n_cols, cmap=cmap)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def plot_shapes(estimator, ax=None, *, max_clusters=None, max_shapes=10, cmap="gray",
+                title="shapes of each cluster"):
+    """Draw each cluster's shapes by their invariant means: one row per cluster.
+
+    The picture to check before trusting a count: a row holds the shapes (groups of
+    transformed copies, ``shape_means_``) the cluster joined, largest first, each captioned
+    with its number of samples; a shape split across two rows, or two shapes that look alike
+    in two rows, show a count to doubt.
+
+    Parameters
+    ----------
+    estimator : fitted InvariantAttentionClusterer
+        Uses ``shape_means_``, ``shape_labels_``, ``labels_`` and ``image_shape_``.
+    ax : matplotlib.axes.Axes, default=None
+    max_clusters : int, default=None
+        Draw only the first (largest) clusters; None draws all.
+    max_shapes : int, default=10
+        Shapes drawn per cluster (its largest).
+    cmap : str, default="gray"
+    title : str, default="shapes of each cluster"
+
+    Returns
+    -------
+    ax : matplotlib.axes.Axes
+        One ``AxesImage`` per drawn shape; the rows are labelled ``c<id> (<shapes> shapes)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from invariant_cluster import InvariantAttentionClusterer
+    >>> from invariant_cluster.datasets import load_digits_images, make_transformed_copies
+    >>> digits = load_digits_images()
+    >>> X = np.concatenate([make_transformed_copies(digits.images[i], 6, max_rotation=180,
+    ...                                             random_state=i)[0] for i in range(2)])
+    >>> est = InvariantAttentionClusterer(group="rotation", random_state=0).fit(X)
+    >>> from invariant_cluster.plotting import plot_shapes
+    >>> ax = plot_shapes(est)
+    >>> len(ax.images) == est.n_shapes_
+    True
+    """
+    _check_fitted(estimator, ["shape_means_", "shape_labels_", "labels_"])
+    if not isinstance(max_shapes, numbers.Integral) or max_shapes < 1:
+        raise ValueError(f"max_shapes: expected a positive integer, got {max_shapes!r}")
+    shape = getattr(estimator, "image_shape_", None)
+    means = _fold(np.asarray(estimator.shape_means_), shape, "shape_means_")
+    shapes = np.asarray(estimator.shape_labels_)
+    labels = np.asarray(estimator.labels_)
+    n_clusters = int(labels.max()) + 1
+    k = n_clusters if max_clusters is None else max(0, min(int(max_clusters), n_clusters))
+    copies = np.bincount(shapes, minlength=len(means))
+    # each shape's cluster (all its samples share one)
+    cluster_of = np.zeros(len(means), dtype=np.int64)
+    cluster_of[shapes] = labels
+    rows, captions, row_labels = [], [], []
+    n_cols = 1
+    for c in range(k):
+        members = np.flatnonzero(cluster_of == c)
+        members = members[np.argsort(-copies[members], kind="stable")]
+        n_cols = max(n_cols, min(int(max_shapes), len(members)))
+        rows.append(members[:max_shapes])
+        row_labels.append(f"c{c} ({len(members)} shapes)")
+    tiles, blank = [], np.zeros_like(means[:1])
+    for members in rows:
+        for j in range(n_cols):
+            if j < len(members):
+                tiles.append(means[members[j]:members[j] + 1])
+                captions.append(f"n={copies[members[j]]}")
+            else:
+                tiles.append(None)
+                captions.append("")
+    ax = _new_axes(ax, (1.1 * n_cols + 1.6, 1.4 * max(1, k) + 0.5))
+    drawn = [t for t in tiles if t is not None]
+    if drawn:
+        grid = np.concatenate([blank if t is None else t for t in tiles])
+        _draw_tiles(ax, grid, captions, n_cols, cmap=cmap, row_labels=row_labels)
+        # the blank tiles drawn to square the grid are taken out again
+        for image, t in zip(list(ax.images), tiles):
+            if t is None:
+                image.remove()
     if title:
         ax.set_title(title)
     return ax

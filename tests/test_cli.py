@@ -49,7 +49,8 @@ class TestFit:
         assert "Traceback" not in proc.stderr
         assert "10 images -> 2 clusters" in proc.stdout
         assert sorted(p.name for p in out.iterdir()) == [
-            "alignments.csv", "centers.npy", "centers.png", "labels.csv", "metrics.json"]
+            "alignments.csv", "centers.npy", "centers.png", "labels.csv", "metrics.json",
+            "shapes.png"]
         with open(out / "labels.csv") as f:
             rows = list(csv.DictReader(f))
         assert [int(r["index"]) for r in rows] == list(range(10))
@@ -57,6 +58,10 @@ class TestFit:
         assert len(set(labels[:6])) == 1 and len(set(labels[6:])) == 1
         assert labels[0] != labels[6]
         assert [int(r["true_label"]) for r in rows] == list(y)
+        # each image's shape: the group of copies it belongs to, one cluster per shape
+        shapes = np.array([int(r["shape"]) for r in rows])
+        for s in np.unique(shapes):
+            assert len(set(labels[shapes == s])) == 1
         with open(out / "alignments.csv") as f:
             al = list(csv.DictReader(f))
         assert list(al[0]) == ["index", "label", "angle_deg", "tx_px", "ty_px"]

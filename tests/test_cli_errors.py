@@ -14,7 +14,7 @@ from invariant_cluster import InvariantAttentionClusterer, InvariantKNeighborsTr
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
-FIT_FILES = ["alignments.csv", "centers.npy", "centers.png", "labels.csv"]
+FIT_FILES = ["alignments.csv", "centers.npy", "centers.png", "labels.csv", "shapes.png"]
 
 
 @pytest.fixture

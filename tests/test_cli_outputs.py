@@ -51,8 +51,8 @@ def test_commands_share_a_folder(tmp_path, capsys, images):
     _run(capsys, "fit", x, "--labels", y, *FAST, "--out", out)
     fit = _files(out)
     assert sorted(fit) == ["alignments.csv", "centers.npy", "centers.png", "labels.csv",
-                           "metrics.json"]
-    assert fit["labels.csv"].decode().splitlines()[0] == "index,label,true_label"
+                           "metrics.json", "shapes.png"]
+    assert fit["labels.csv"].decode().splitlines()[0] == "index,label,shape,true_label"
 
     # class-averages beside it: fit's files stay as they were, byte for byte
     _run(capsys, "class-averages", x, *FAST, "--out", out)
