@@ -4,7 +4,7 @@ Two samples are copies when their continuously refined invariant distance is wit
 resampling and the noise put between two copies of one image, both measured on the data:
 
 - the **resampling residual of the edge's own alignment** ``T`` (warping ``x_j`` onto
-  ``x_i``): ``e_ij = max(||x_j - T^-1 T x_j||, ||x_i - T T^-1 x_i||)`` on the pixels both warps
+  ``x_i``): ``e_ij = min(||x_j - T^-1 T x_j||, ||x_i - T T^-1 x_i||)`` on the pixels both warps
   keep inside the frame, the blur bilinear interpolation puts into a copy turned by ``T``
   (zero for a quarter turn or an integer shift, which move whole pixels;
   :func:`alignment_residual`);
@@ -109,7 +109,7 @@ def alignment_residual(X, qi, kj, params):
     starts, step = _blocks(m, X)
     for s in starts:
         sl = slice(s, s + step)
-        out[sl] = torch.maximum(_round_trip_residual(X[kj[sl]], p[sl]),
+        out[sl] = torch.minimum(_round_trip_residual(X[kj[sl]], p[sl]),
                                 _round_trip_residual(X[qi[sl]], invert_se2(p[sl])))
     return out
 
