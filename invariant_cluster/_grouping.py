@@ -596,8 +596,12 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
         return np.zeros(n, dtype=np.int64), graph, "given" if n_clusters else "shapes"
     if n_clusters is not None and n <= n_clusters:
         return np.arange(n), graph, "given"
-    if n_clusters is None and index.shape[1] >= n - 1:
-        return np.arange(n), graph, "shapes"
+    if index.shape[1] >= n - 1:
+        # a complete graph holds no community: each shape alone, or the given count's
+        # single-linkage partition (the groups farthest apart)
+        if n_clusters is None:
+            return np.arange(n), graph, "shapes"
+        return _single_linkage(index, dist, int(n_clusters)), graph, "given"
     rule = "given" if n_clusters is not None else (
         "modularity" if grouping == "leiden" else "hdbscan")
     if grouping == "umap" and graph != "both":
@@ -657,6 +661,30 @@ def _union_graph(index, dist, index_means, dist_means, graph, random_state, mean
         parts.append(_means_graph(index_means, dist_means, random_state)
                      if means is None else means)
     return parts[0] if len(parts) == 1 else parts[0].maximum(parts[1])
+
+
+def _single_linkage(index: np.ndarray, dist: np.ndarray, n_groups: int) -> np.ndarray:
+    """The ``n_groups`` parts of the kNN graph's minimum spanning tree without its
+    ``n_groups - 1`` longest edges (single linkage; ties in the tree's order)."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import minimum_spanning_tree
+
+    n, k = index.shape
+    rows = np.repeat(np.arange(n), k)
+    d = np.asarray(dist, dtype=np.float64).ravel()
+    keep = np.isfinite(d) & (rows != index.ravel())
+    # distances of 0 would be no edge to scipy: raised to a tiny positive length
+    d = np.maximum(d[keep], 1e-12)
+    S = csr_matrix((d, (rows[keep], index.ravel()[keep])), shape=(n, n))
+    T = minimum_spanning_tree(S.maximum(S.T)).tocoo()
+    order = np.argsort(T.data, kind="stable")
+    cut = order[len(order) - (n_groups - 1):] if n_groups > 1 else order[:0]
+    mask = np.ones(len(order), dtype=bool)
+    mask[cut] = False
+    _, labels = connected_components(
+        coo_matrix((np.ones(mask.sum()), (T.row[mask], T.col[mask])), shape=(n, n)),
+        directed=False)
+    return labels.astype(np.int64)
 
 
 def _absorb_tiny_communities(labels: np.ndarray, graph) -> np.ndarray:

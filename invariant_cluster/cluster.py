@@ -410,6 +410,11 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                 Xt, idx, P, rho, sigma, self.bandwidth, update=self.update,
                 max_iter=self.max_iter, tol=self.tol, batch_size=self.batch_size,
                 counts=rows.counts(Xt))
+            # a shape with copies converges onto its invariant mean: the fixed point of the
+            # attention among its copies, whose kNN lists the shapes' graph no longer holds
+            shaped = self._shape_means(Xt, Xown, rows)
+            if shaped is not None:
+                M[shaped[0]] = shaped[1].to(M.dtype)
             self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
             # each stage allocates blocks of its own sizes: what the last one left free in the
             # heap goes back to the kernel (see _heap.release)
@@ -417,12 +422,16 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             # 4. group: Leiden on the samples' graph or its union with the means' graph
             grouped = self._group_stage(Xt, knn, M, grid, seed, workers, t0)
             release()
-            shape_means = self._shape_means(Xt, Xown, rows)
+            shape_means = self._unframed(Xt).reshape(rows.n_rows, -1).cpu().numpy().copy()
+            if shaped is not None:
+                shape_means[shaped[0].cpu().numpy()] = self._unframed(shaped[1]).reshape(
+                    len(shaped[0]), -1).cpu().numpy()
+            del shaped
             # 5. centres: each cluster's invariant mean, started at its densest converged mean;
             # a near duplicate takes its own pose (its rows: Mown, Pown)
             centers, params = cluster_means(Xt, M, grouped.labels, self._grid(self.refine),
                                             self.batch_size, grouped.distances)
-            Mown, Pown = self._near_duplicates_pose(Xt, Xown, M, centers, grouped.labels, rows)
+            Mown, Pown = self._copies_pose(Xt, Xown, M, centers, grouped.labels, rows)
             # the fit's copy of the images is freed before the results are copied out
             # (predict filters the fitted input, _fit_X, again)
             Xt = Xown = None
@@ -616,28 +625,22 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                 client=self.client)
         return plan, (D, idx, P)
 
-    def _near_duplicates_pose(self, Xt, Xown, M, centers, labels, rows):
-        """The means and alignments of the near duplicates ``rows.own`` (their own images
-        ``Xown``; their representatives are rows of the representatives ``Xt`` and of their
-        means ``M``): a near duplicate takes its representative's mean warped into its own
-        pose, and its own alignment onto its cluster's centre. ``(None, None)`` without
-        any."""
+    def _copies_pose(self, Xt, Xown, M, centers, labels, rows):
+        """The means and alignments of the copies ``rows.own`` (their own images ``Xown``;
+        their shapes' first images are rows of ``Xt`` and of their means ``M``): a copy takes
+        its first image's mean warped into its own pose, and its own alignment onto its
+        cluster's centre. ``(None, None)`` without any."""
         own = rows.own
         if own.size == 0:
             return None, None
-        grid = self._grid(refine=False)
         dev = Xt.device
         reps = torch.as_tensor(rows.row_of_distinct[own], device=dev)
-        one_each = torch.arange(len(own), device=dev)
-        # the representative warped onto the near duplicate (its pose), then the near duplicate
-        # onto its centre
-        _, _, to_own = candidate_search(Xown, Xt, reps[:, None], grid, k=1,
-                                        batch_size=self.batch_size)
-        Mown = fast_warp(M[reps], to_own[:, 0].to(M.dtype))
+        # the representative warped onto the copy (its pose, refined: a copy may be turned by
+        # any angle), then the copy onto its centre
+        to_own = self._align(Xown, Xt[reps])
+        Mown = fast_warp(M[reps], to_own.to(M.dtype))
         C = centers[torch.as_tensor(labels[rows.row_of_distinct[own]], device=dev)]
-        _, _, onto = candidate_search(C, Xown, one_each[:, None], grid, k=1,
-                                      batch_size=self.batch_size)
-        _, p = refine_pairs(C, Xown, one_each, one_each, onto[:, 0], self._grid(self.refine))
+        p = self._align(C, Xown)
         return self._unframed(Mown).reshape(len(own), -1).cpu().numpy(), p.cpu().numpy()
 
     def _group(self, Xt, knn, M, grid, seed):
@@ -684,25 +687,26 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         return _Grouped(_relabel_by_size(labels), Dg, graph, count_rule)
 
     def _shape_means(self, Xt, Xown, rows):
-        """Each shape's invariant mean (rows of the fit, NumPy, in the search's frame cropped
-        back): a shape without copies is its image; a shape's copies (``Xown``, the images of
-        ``rows.own``) are aligned onto its first image (a row of ``Xt``) and averaged, each
-        weighted by how often it is stored, and all its images are aligned again onto that
-        average and averaged (two rounds of the invariant mean's fixed point, refined)."""
-        mu = self._unframed(Xt).reshape(rows.n_rows, -1).cpu().numpy().copy()
+        """``(multi, means)``: the rows of the shapes with copies (a long tensor) and their
+        invariant means in the pose of their first image (a row of ``Xt``), or None without
+        copies. A shape's copies (``Xown``, the images of ``rows.own``) are aligned onto its
+        first image and averaged, each weighted by how often it is stored, then all its images
+        are aligned again onto that average and averaged: two rounds of the invariant mean's
+        fixed point, the fixed point of invariant attention restricted to the copies."""
         if Xown is None or not len(rows.own):
-            return mu
+            return None
         dev = Xt.device
         stored = np.bincount(rows.inverse, minlength=rows.n_distinct).astype(np.float64)
         own_row = rows.row_of_distinct[rows.own]
-        multi = np.unique(own_row)  # the rows of the shapes with copies
+        multi = np.unique(own_row)
         at = np.full(rows.n_rows, -1, dtype=np.int64)
         at[multi] = np.arange(len(multi))
         lab = torch.as_tensor(at[own_row], device=dev)
         weight = np.bincount(rows.row_of_distinct, weights=stored, minlength=rows.n_rows)[multi]
         w_first = torch.as_tensor(stored[rows.representatives[multi]] / weight, device=dev)
         w_own = torch.as_tensor(stored[rows.own] / weight[at[own_row]], device=dev)
-        first = Xt[torch.as_tensor(multi, device=dev)]
+        multi = torch.as_tensor(multi, device=dev)
+        first = Xt[multi]
         target = first
         for round_ in range(2):
             total = first if round_ == 0 else fast_warp(first, self._align(target, first))
@@ -710,8 +714,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             total.index_add_(0, lab, fast_warp(Xown, self._align(target[lab], Xown))
                              * w_own.to(Xt.dtype)[:, None, None, None])
             target = total
-        mu[multi] = self._unframed(target).reshape(len(multi), -1).cpu().numpy()
-        return mu
+        return multi, target
 
     def _align(self, Q, K):
         """The alignments ``(m, 3)`` that warp each image of ``K`` onto the image of ``Q`` in

@@ -89,7 +89,7 @@ def test_second_run_leaves_no_stale_files(tmp_path, capsys, images):
     again = call(capsys, "fit", path, "--device", "cpu", "--out", out, "--n-samples", "6")
     assert again.returncode == 0, again.stderr
     assert sorted(p.name for p in out.iterdir()) == sorted(FIT_FILES + ["notes.txt"])
-    assert (out / "labels.csv").read_text().splitlines()[0] == "index,label"
+    assert (out / "labels.csv").read_text().splitlines()[0] == "index,label,shape"
     assert len((out / "labels.csv").read_text().splitlines()) == 1 + 6
     assert (out / "notes.txt").read_text() == "the user's own file"
 

@@ -70,7 +70,7 @@ def test_commands_share_a_folder(tmp_path, capsys, images):
     again = _files(out)
     assert {k: again[k] for k in averages} == averages
     assert "metrics.json" not in again
-    assert again["labels.csv"].decode().splitlines()[0] == "index,label"
+    assert again["labels.csv"].decode().splitlines()[0] == "index,label,shape"
     assert sorted(again) == sorted({*averages, *fit} - {"metrics.json"})
 
     # class-averages again, one step (no clustering): its class_labels.csv goes, fit's stay
