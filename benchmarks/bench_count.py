@@ -24,7 +24,7 @@ there (``acc_given_k``).
 Methods, in the same run on the same data (every baseline uses the estimator's search range):
 
 - ``estimator``: ``InvariantAttentionClusterer(n_clusters=None)``; ``count_rule``,
-  ``separation`` and ``center`` are its ``count_rule_``, ``separation_`` and ``center_`` (None
+  ``n_shapes`` and ``center`` are its ``count_rule_``, ``n_shapes_`` and ``center_`` (None
   where they do not exist);
 - ``estimator_no_center``: the same with ``center=False`` (no image centred on its centre of
   mass first), on the kinds with shifts only, where the default ``center="auto"`` can centre:
@@ -40,6 +40,12 @@ Methods, in the same run on the same data (every baseline uses the estimator's s
 - ``hdbscan_umap``: umap-learn (10 components, 15 neighbours, ``min_dist=0``, precomputed) on
   the same dense distances, then HDBSCAN (``min_cluster_size=max(3, n // 100)``); n <= 5,000.
 
+Exact copies (``--exact``): each shape in ``c`` quarter turns (``np.rot90``, the fifth and later
+stored again), at the estimator's defaults. Augmented sets (``--augmented C ...``): rotated MNIST
+2,000 (``rotated45``), and with ``--fashion`` Fashion-MNIST 3,000 within +-15 degrees and +-1 px
+(``bench_large``'s search), each image stored in ``C`` warped copies, next to ``C = 1``; the
+estimator is also fitted with ``n_clusters=10``.
+
 Duplicates and order (``--duplicates``): on copy sets (k in 2, 5, 12; c in 3, 12, 40; digits8
 and mnist_rot; clean) and on rotated MNIST (``--duplicates-natural-n``, seed 0), the estimator
 (``n_clusters=None`` and the true k) is fitted on X, on X twice, on X plus a copy moved by
@@ -50,6 +56,9 @@ again.
     python benchmarks/bench_count.py                      # the 150 copy sets (long)
     python benchmarks/bench_count.py --seed 1 --methods estimator --given   # run draws_seed1
     python benchmarks/bench_count.py --no-sweep --natural --fashion        # run natural_2000
+    python benchmarks/bench_count.py --no-sweep --exact --given --seed 7  # run exact_seed7
+    python benchmarks/bench_count.py --no-sweep --augmented 2 8 16 32 --fashion \
+        --methods estimator leiden_modularity --seed 7                    # run augmented_seed7
     python benchmarks/bench_count.py --no-sweep --duplicates --duplicates-all \
         --duplicates-natural-n 0                                          # run duplicates
 
@@ -141,6 +150,29 @@ def closest_shapes(kind, k, noise, seed, data=None):
     distance = float(np.sqrt(max(D.min(), 0.0)))
     ratio = distance / (noise * np.sqrt(2 * shapes[0].size)) if noise else None
     return distance, ratio
+
+
+def exact_copy_set(kind, k, c, seed, data=None):
+    """``c`` exact copies of each of ``k`` shapes: quarter turns (``np.rot90``) in turn, the
+    fifth and later repeats stored again as they are; and the shape of each copy."""
+    X = np.concatenate([np.stack([np.rot90(image, j % 4) for j in range(c)])
+                        for image in picked_shapes(kind, k, seed, data)])
+    return X.astype(np.float32), np.repeat(np.arange(k), c)
+
+
+def augmented_set(variant, n, copies, seed, data=None):
+    """``bench_clustering``'s ``variant`` set of ``n`` images, each stored in ``copies``
+    warped copies (``make_transformed`` of the whole set, seeds ``seed * 100 + j``, within the
+    variant's own range, or +-15 degrees and +-1 px for Fashion-MNIST); and the classes."""
+    from invariant_cluster.datasets import make_transformed
+
+    X, y = make_variant(variant, n, seed, data)
+    spec = VARIANTS[variant]
+    rot, shift = (spec["rotate"], spec["shift"]) if spec["rotate"] else (15.0, 1.0)
+    X = np.concatenate([make_transformed(X, max_rotation=rot, max_translation=shift,
+                                         random_state=seed * 100 + j)[0]
+                        for j in range(copies)])
+    return X.astype(np.float32), np.tile(y, copies)
 
 
 def copy_set(kind, k, c, noise, seed, data=None):
@@ -279,7 +311,7 @@ def run_methods(X, y, search, seed, base, given_k=None, methods=METHODS):
         est, t = timed(fit_estimator, X, None, seed, search)
         extra = {"n_clusters_": int(est.n_clusters_),
                  "count_rule": plain(getattr(est, "count_rule_", None)),
-                 "separation": plain(getattr(est, "separation_", None)),
+                 "n_shapes": plain(getattr(est, "n_shapes_", None)),
                  "graph_used": plain(getattr(est, "graph_", None)),
                  "center": plain(getattr(est, "center_", None))}
         if given_k is not None:
@@ -298,7 +330,7 @@ def run_methods(X, y, search, seed, base, given_k=None, methods=METHODS):
             est, t = timed(fit_estimator, X, None, seed, search, center=False)
             add("estimator_no_center", est.labels_, t, n_clusters_=int(est.n_clusters_),
                 count_rule=plain(getattr(est, "count_rule_", None)),
-                separation=plain(getattr(est, "separation_", None)))
+                n_shapes=plain(getattr(est, "n_shapes_", None)))
         except Exception as e:
             add("estimator_no_center", error=error_text(e))
 
@@ -575,6 +607,10 @@ def default_run(args) -> str:
     """The run's key named after the suite the options select."""
     if args.quick:
         return "quick"
+    if args.exact:
+        return f"exact_seed{args.seed}"
+    if args.augmented:
+        return f"augmented_seed{args.seed}"
     if args.natural:
         return "natural_" + "_".join(str(n) for n in args.natural_n)
     if args.duplicates:
@@ -602,6 +638,11 @@ def main(argv=None):
     p.add_argument("--natural-n", nargs="+", type=int, default=[2000])
     p.add_argument("--natural-seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--fashion", action="store_true", help="Fashion-MNIST 10,000 row")
+    p.add_argument("--exact", action="store_true",
+                   help="exact copy sets: quarter turns and repeats (--kinds, --shapes, --copies)")
+    p.add_argument("--augmented", nargs="+", type=int, default=[],
+                   help="natural sets each stored in C warped copies, for each C given "
+                        "(rotated MNIST 2,000; with --fashion also Fashion-MNIST 3,000)")
     p.add_argument("--duplicates", action="store_true",
                    help="duplicates and order (copy sets filtered by --kinds/--shapes/--copies)")
     p.add_argument("--duplicates-all", action="store_true",
@@ -644,6 +685,31 @@ def main(argv=None):
                                                       given_k=k if args.given else None,
                                                       methods=args.methods)
                         save()  # after every set: a long run keeps what it measured
+
+    if args.exact:
+        for kind in [kd for kd in args.kinds if kd != "mnist_shift"]:
+            for k in args.shapes:
+                for c in args.copies:
+                    X, y = exact_copy_set(kind, k, c, args.seed, args.data)
+                    base = {"set": f"{kind} exact k={k} c={c}", "kind": f"{kind}_exact",
+                            "copies": c, "noise": 0.0, "seed": args.seed}
+                    result["rows"] += run_methods(X, y, {}, args.seed, base,
+                                                  given_k=k if args.given else None,
+                                                  methods=args.methods)
+                    save()
+
+    augmented = [("rotated45", 2000)] + ([("fashion", 3000)] if args.fashion else [])
+    for variant, n in augmented if args.augmented else []:
+        search = VARIANTS[variant]["search"]
+        if variant == "fashion":
+            search = dict(max_rotation=15.0, n_rotations=7, max_translation=1)
+        for c in [1, *args.augmented]:
+            X, y = augmented_set(variant, n, c, args.seed, args.data)
+            base = {"set": f"{variant} n={n} x{c} seed={args.seed}", "kind": f"{variant}_aug",
+                    "copies": c, "noise": 0.0, "seed": args.seed}
+            result["rows"] += run_methods(X, y, search, args.seed, base, given_k=10,
+                                          methods=args.methods)
+            save()
 
     natural = []
     if args.natural:

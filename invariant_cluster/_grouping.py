@@ -5,15 +5,12 @@ Everything here works on a kNN graph given as ``(index, dist)`` arrays of shape 
 
 - :func:`two_hop_candidates`: the neighbours and the neighbours' neighbours of every sample, the
   shortlist on which the graph of the means is searched again.
-- :func:`graph_modes`: connected components of the edges shorter than a per-sample tolerance
-  (the partition whose stability stops the blurring update).
 - :func:`embed_and_cluster`: umap-learn's fuzzy simplicial set of the graph, a 10-D embedding and
   k-means in it, or HDBSCAN when the number of clusters is not given (``grouping="umap"``).
-- :func:`fuzzy_graph`, :func:`leiden`, :func:`group`: the estimator's default, Leiden on the
-  fuzzy graph of the samples' kNN graph or of its union with the means' graph
-  (``benchmarks/bench_noise.py`` measures every grouping tried).
-- :func:`group`: ``n_clusters=None`` by one principle: each shape alone where the kNN graph
-  of the shapes is complete (it shows no community), else modularity's communities.
+- :func:`fuzzy_graph`, :func:`leiden`, :func:`group`: Leiden on the fuzzy graph of the shapes'
+  kNN graph or of its union with the means' graph (``benchmarks/bench_noise.py``);
+  ``n_clusters=None`` by one principle: each shape alone where that graph is complete (it
+  shows no community), else modularity's communities.
 - :func:`vote`: ``predict``'s majority among the nearest fitted samples.
 
 The shapes themselves (the groups of copies, one node each here) are found before, by
@@ -31,7 +28,6 @@ import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from ._graph import graph_modes  # noqa: F401 - importable from here, as the docstring lists it
 from ._leiden import (  # noqa: F401 - _igraph_graph: the tests build graphs with it
     _graph_edges,
     _igraph_from_edges,
@@ -645,21 +641,14 @@ def spectral_labels(graph, n_clusters: int, random_state) -> np.ndarray:
     return KMeans(int(n_clusters), n_init=10, random_state=random_state).fit_predict(emb)
 
 
-def _means_graph(index_means, dist_means, random_state):
-    """The means' fuzzy graph. It takes umap-learn's calibration: the capped one cuts the
-    denoised means into islands."""
-    return fuzzy_graph(index_means, dist_means, random_state, "umap")
-
-
-def _union_graph(index, dist, index_means, dist_means, graph, random_state, means=None):
-    """The fuzzy graph that ``graph`` names ("samples", "means" or "both"); ``means``: the
-    means' fuzzy graph if it is already built."""
+def _union_graph(index, dist, index_means, dist_means, graph, random_state):
+    """The fuzzy graph that ``graph`` names ("samples", "means" or "both"). The means' graph
+    takes umap-learn's calibration: the capped one cuts the denoised means into islands."""
     parts = []
     if graph in ("samples", "both"):
         parts.append(fuzzy_graph(index, dist, random_state))
     if graph in ("means", "both"):
-        parts.append(_means_graph(index_means, dist_means, random_state)
-                     if means is None else means)
+        parts.append(fuzzy_graph(index_means, dist_means, random_state, "umap"))
     return parts[0] if len(parts) == 1 else parts[0].maximum(parts[1])
 
 

@@ -179,7 +179,14 @@ def test_union_searches_the_means_with_the_plain_shortlist(smooth_images, monkey
         return real(Q, K, grid, k, **kwargs)
 
     monkeypatch.setattr(cluster_module, "knn_search", spy)
-    X = _copies(smooth_images, n_protos, n_copies, size, seed=size).numpy()
+    # distinct digits (copies would be collapsed onto their shapes, a set too small for the
+    # shortlist): scikit-learn's 8 x 8 digits, upsampled to ``size``
+    from scipy.ndimage import zoom
+
+    from invariant_cluster.datasets import load_digits_images
+
+    digits = load_digits_images().images[:n_protos * n_copies].astype(np.float64)
+    X = np.stack([zoom(d, size / 8, order=1) for d in digits]).astype(np.float32)
     est = InvariantAttentionClusterer(n_clusters=n_protos, max_rotation=30.0, n_rotations=9,
                                       max_translation=1, graph="both", random_state=0,
                                       device="cpu").fit(X)  # the CPU's thresholds, patched
