@@ -381,21 +381,26 @@ def run_methods(X, y, search, seed, base, given_k=None, methods=METHODS):
 def true_separation(D, y):
     """The smallest, over the true groups, of a group's shortest invariant distance to an image
     of another group over the longest edge of its own minimum spanning tree (dense ``D``, the
-    images as given; ``_grouping._group_ratios``, the ratio the count's density groups are
-    judged by). Under 1, some group's copies are farther from each other than it is from
-    another shape: no partition of the samples' distances (single linkage, a cut, a density)
-    finds that group; averaging the copies first (the converged means) or centring them still
-    can."""
-    from scipy.sparse import csr_matrix
+    images as given; single linkage's Dunn index). Under 1, some group's copies are farther
+    from each other than it is from another shape: no partition of the samples' distances
+    finds that group."""
+    from scipy.sparse.csgraph import minimum_spanning_tree
 
-    from invariant_cluster._grouping import _group_ratios
-
-    pos = D[D > 0]
-    # every pair an edge: zero distances (exact copies) raised to a tiny positive value
-    S = csr_matrix(np.where(D > 0, D, 1e-9 * (pos.min() if pos.size else 1.0)))
-    S.setdiag(0)
-    S.eliminate_zeros()
-    return float(_group_ratios(S, np.unique(y, return_inverse=True)[1]).min())
+    D = np.asarray(D, dtype=np.float64)
+    ratios = []
+    for g in np.unique(y):
+        inside = y == g
+        between = D[inside][:, ~inside]
+        if between.size == 0:
+            continue
+        within = D[inside][:, inside]
+        pos = within[within > 0]
+        # exact copies (distance 0) raised to a tiny positive length, which sparse graphs keep
+        tree = minimum_spanning_tree(np.where(within > 0, within,
+                                              1e-9 * (pos.min() if pos.size else 1.0)))
+        longest = float(tree.max()) if tree.nnz else 0.0
+        ratios.append(float(between.min()) / longest if longest > 0 else np.inf)
+    return float(min(ratios)) if ratios else None
 
 
 def warm_up(seed):

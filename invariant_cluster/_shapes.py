@@ -165,8 +165,12 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
     # unexplained (the edges not refined are such edges, at their grid distance)
     rest = d2[finite & ~maybe]
     beyond = torch.cat([d_pair[d_pair > resampled], rest])
-    noise2 = min(2.0 * float(nu2), float(beyond.min())) if beyond.numel() else 2.0 * float(nu2)
-    copy = d_pair <= resampled + noise2
+    shortest = float(beyond.min()) if beyond.numel() else float("inf")
+    noise2 = min(2.0 * float(nu2), shortest)
+    # explained by the resampling, or by the noise; where the shortest unexplained edge caps
+    # the noise, that edge (and every copy of it) is the bound's evidence, not a copy
+    copy = (d_pair <= resampled) | ((d_pair - resampled <= noise2)
+                                    & ((noise2 < shortest) | (d_pair > shortest)))
     if not bool(copy.any()):
         return None
     rows, cols = qi[copy].cpu().numpy(), kj[copy].cpu().numpy()
