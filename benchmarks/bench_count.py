@@ -567,7 +567,9 @@ NAMES = {"estimator": "`n_clusters=None`", "estimator_center": "`n_clusters=None
          "leiden_modularity": "Leiden (modularity) on the kNN graph",
          "hdbscan_umap": "HDBSCAN on umap-learn's layout"}
 KIND_NAMES = {"digits8": "8 x 8 digits", "mnist_rot": "MNIST digits",
-              "mnist_shift": "MNIST digits, shifts within ±2 px"}
+              "mnist_shift": "MNIST digits, shifts within ±2 px",
+              "digits8_exact": "8 x 8 digits, quarter turns",
+              "mnist_rot_exact": "MNIST digits, quarter turns"}
 DUPLICATES = {"doubled_ari_first_half_vs_single": "stored twice",
               "near_ari_first_half_vs_single": "with a copy jittered by 1e-4",
               "jittered_ari_vs_single": "jittered by 1e-4, alone",
