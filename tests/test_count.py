@@ -386,7 +386,8 @@ def test_means_refine_the_samples_separated_groups():
 
 
 
-@pytest.mark.xfail(strict=True, reason="shapes closer than two noisy copies of one: the data do not separate them")
+@pytest.mark.xfail(strict=True, reason=("shapes closer than two noisy copies of one: the data "
+                                        "do not separate them"))
 def test_noisy_shapes_closer_than_the_noise_are_counted():
     # 12 8 x 8 digits x 4 noisy copies (benchmarks/bench_count.py's set of seed 5): two or
     # three pairs of shapes closer than two noisy copies chain on the grid's distances and in
