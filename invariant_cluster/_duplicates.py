@@ -3,13 +3,11 @@ order of the samples and of how many times an image is stored.
 
 - :func:`unique_in_canonical_order`: the distinct images, sorted by their content (fixed
   projections of their sorted values, then of the images), and where each sample's copy lies
-  among them;
-- :func:`near_duplicates`: images within a tiny invariant distance of each other (a copy with
-  rounding noise, or turned by a transformation of the search grid), from the kNN graph.
+  among them.
 
-A fit runs on one representative of each group of duplicates, in the canonical order, and gives
-every sample its representative's cluster: stacking a data set twice, or permuting it, gives the
-same partition.
+A fit runs on the distinct images in the canonical order (and then on one image of each shape,
+:mod:`invariant_cluster._shapes`), and gives every sample its representative's cluster:
+stacking a data set twice, or permuting it, gives the same partition.
 """
 
 from __future__ import annotations
@@ -18,13 +16,6 @@ import math
 
 import numpy as np
 import torch
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
-
-# Two images are near duplicates when their invariant distance is at most this fraction of the
-# median distance from a sample to its k-th nearest neighbour (k = n_neighbors), a scale that
-# duplicates do not shrink (measured: docs/design/defaults.rst).
-DUPLICATE_TOL = 1e-2
 
 
 def content_keys(flat, rows=None):
@@ -90,31 +81,6 @@ def unique_in_canonical_order(X2: np.ndarray):
     inverse = np.empty(n, dtype=np.int64)
     inverse[order] = rank[run]
     return byte_first[rank_order].astype(np.int64), inverse
-
-
-def near_duplicates(D: torch.Tensor, idx: torch.Tensor):
-    """Groups of near duplicates in a kNN graph: ``rep`` or None when there are none.
-
-    ``D``: ``(n, k)`` squared invariant distances to the ``k`` nearest other samples ``idx``.
-    Edges no longer than ``DUPLICATE_TOL`` times the median distance to the k-th neighbour are
-    joined; ``rep[i]`` is the first sample (lowest index) of ``i``'s group.
-    """
-    n, k = idx.shape
-    if n < 2 or k == 0:
-        return None
-    d = D.clamp(min=0).sqrt().double().cpu().numpy()
-    index = idx.cpu().numpy()
-    last = d[:, -1][np.isfinite(d[:, -1])]
-    if last.size == 0:
-        return None
-    tol = DUPLICATE_TOL * float(np.median(last))
-    rows, cols = np.nonzero(np.isfinite(d) & (d <= tol))
-    if rows.size == 0:
-        return None
-    _, comp = connected_components(
-        coo_matrix((np.ones(rows.size), (rows, index[rows, cols])), shape=(n, n)),
-        directed=False)
-    return first_of_each(comp)[comp]
 
 
 def first_of_each(parts: np.ndarray) -> np.ndarray:
