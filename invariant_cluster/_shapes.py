@@ -25,22 +25,26 @@ larger of the two images' residuals under a turn of ``min(45, max_rotation)`` de
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
+from scipy.stats import gamma
 
 from . import _memory
 from ._duplicates import first_of_each
-from .search import refine_pairs
+from .search import candidate_search, refine_pairs
 from .transforms import fast_warp, invert_se2
 
 # The turn that bounds the resampling residual of any alignment, for the shortlist of edges
 # refined, in degrees (at most the searched range): bilinear interpolation blurs alike at any
 # angle away from a quarter turn (docs/design/shapes.rst)
 PROBE_ROTATION = 45.0
-# White-noise images drawn to measure the filtered noise's power
-_NOISE_DRAWS = 8
+# White-noise images drawn to measure the filtered noise's power and its spread (pairs of them
+# for the pair noise)
+_NOISE_DRAWS = 64
 # Frame pixels count as kept by a warp where it keeps at least this much of their weight
 _KEPT = 1 - 1e-3
 
@@ -114,39 +118,96 @@ def alignment_residual(X, qi, kj, params):
     return out
 
 
-def noise_power(filt, image_shape, device, dtype, pad=None) -> float:
-    """``E ||F n||^2``: the squared norm white noise of the measured standard deviation keeps
-    through the fit's filter ``filt`` (0 without noise), over ``_NOISE_DRAWS`` draws of a
-    generator of its own (no global state is touched). ``pad``: the search's framing."""
+class Noise(NamedTuple):
+    """The noise of a fit's filtered images, drawn through its filter (all 0 without noise):
+    ``power``, ``E ||F n||^2`` for white noise ``n`` of the measured standard deviation, and
+    ``power_std``, its standard deviation over the draws; ``low_mean``, ``low_std``: those of
+    ``||F n - W F n'||^2`` for two independent noises under the warp ``W`` that smooths most
+    (half a pixel along both axes: bilinear weights of 1/4), the least distance two
+    independent noises leave between two copies."""
+
+    power: float = 0.0
+    power_std: float = 0.0
+    low_mean: float = 0.0
+    low_std: float = 0.0
+
+    def lowest(self, n_draws: int) -> float:
+        """The least of ``n_draws`` pair noises, as the ``1 / (n_draws + 1)`` quantile of the
+        gamma law of ``low_mean`` and ``low_std`` (0 without noise)."""
+        return _gamma_quantile(self.low_mean, self.low_std, 1.0 / (n_draws + 1))
+
+    def highest_share(self, n_draws: int) -> float:
+        """The largest of ``n_draws`` draws of a noise's squared norm over its mean: the
+        ``1 - 1 / (n_draws + 1)`` quantile of the gamma law of mean 1 and the relative spread
+        ``power_std / power`` (1 without noise). A mean of ``m`` images' noises, and the
+        difference of two such means, is white noise of the same pixels, so it has the same
+        relative spread."""
+        if self.power <= 0:
+            return 1.0
+        return _gamma_quantile(1.0, self.power_std / self.power, 1.0 - 1.0 / (n_draws + 1))
+
+
+def _gamma_quantile(mean, std, q):
+    if mean <= 0:
+        return 0.0
+    if std <= 0:
+        return float(mean)
+    return float(gamma.ppf(q, (mean / std) ** 2, scale=std * std / mean))
+
+
+def measure_noise(filt, image_shape, device, dtype, pad=None) -> Noise:
+    """The :class:`Noise` of the measured standard deviation through the fit's filter
+    ``filt``, from ``_NOISE_DRAWS`` pairs of white-noise images of a generator of its own (no
+    global state is touched). ``pad``: the search's framing."""
     sigma = float(getattr(filt, "noise_std_", 0.0) or 0.0)
     if sigma <= 0:
-        return 0.0
+        return Noise()
     gen = torch.Generator(device="cpu").manual_seed(0)
-    noise = torch.randn((_NOISE_DRAWS, *image_shape), generator=gen, dtype=torch.float64)
+    noise = torch.randn((2 * _NOISE_DRAWS, *image_shape), generator=gen, dtype=torch.float64)
     noise = (sigma * noise).to(device=device, dtype=dtype)
     if not filt.is_identity:
         noise = filt.filter_tensor(noise, in_place=True)
     if pad is not None:
         noise = pad(noise)
-    return float(torch.linalg.vector_norm(noise.reshape(_NOISE_DRAWS, -1), dim=1).pow(2).mean())
+    a, b = noise[:_NOISE_DRAWS], noise[_NOISE_DRAWS:]
+    power = torch.linalg.vector_norm(a.reshape(_NOISE_DRAWS, -1), dim=1).double().pow(2)
+    half = torch.tensor([[0.0, 0.5, 0.5]], dtype=dtype, device=device).repeat(_NOISE_DRAWS, 1)
+    low = torch.linalg.vector_norm((a - fast_warp(b, half)).reshape(_NOISE_DRAWS, -1),
+                                   dim=1).double().pow(2)
+    return Noise(float(power.mean()), float(power.std()), float(low.mean()), float(low.std()))
+
+
+def align(Q: torch.Tensor, K: torch.Tensor, grid, refine_grid, batch_size=None):
+    """The alignments ``(m, 3)`` that warp each image of ``K`` onto the image of ``Q`` in its
+    row: the grid search, then the refinement (none where ``refine_grid`` has none)."""
+    one_each = torch.arange(Q.shape[0], device=Q.device)
+    _, _, p = candidate_search(Q, K, one_each[:, None], grid, k=1, batch_size=batch_size)
+    p = p[:, 0]
+    if refine_grid.refine and any(refine_grid.free):
+        _, p = refine_pairs(Q, K, one_each, one_each, p, refine_grid)
+    return p.to(Q.dtype)
 
 
 def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Tensor, grid,
-                refine_grid, nu2: float):
+                refine_grid, noise: Noise, batch_size=None):
     """The shapes of the images ``X`` from their invariant kNN graph on the grid (``D``:
     squared distances, ``idx``: neighbours, ``P``: alignments, each ``(n, k)``): ``rep``, each
     image's shape as its first image (lowest index), or None where every image is its own
     shape. ``refine_grid``: the grid of the refinement (none where ``refine=False``);
-    ``nu2``: :func:`noise_power`."""
+    ``noise``: :func:`measure_noise`; ``batch_size``: the search's."""
     n, k = idx.shape
     if n < 2 or k == 0:
         return None
     d2 = D.double()
     finite = torch.isfinite(d2)
-    # the edges the grid leaves within reach of a copy's tolerance
+    # the graph's edges are as many draws of the pair noise
+    n_draws = int(finite.sum())
+    nu2 = float(noise.power)
+    share = noise.highest_share(n_draws)
+    # the edges the grid leaves within reach of a copy's tolerance, the means' included
     e = resampling_residual(X, grid).double()
     g = resampling_residual(X, grid, half_step=True).double()
-    bound = (torch.maximum(e[:, None], e[idx]).pow(2) + 2.0 * nu2).sqrt() + g[idx]
+    bound = (torch.maximum(e[:, None], e[idx]).pow(2) + 2.0 * share * nu2).sqrt() + g[idx]
     maybe = finite & (d2.clamp(min=0).sqrt() <= bound)
     pairs = torch.nonzero(maybe.reshape(-1)).ravel()
     if pairs.numel() == 0:
@@ -166,14 +227,115 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
     rest = d2[finite & ~maybe]
     beyond = torch.cat([d_pair[d_pair > resampled], rest])
     shortest = float(beyond.min()) if beyond.numel() else float("inf")
-    noise2 = min(2.0 * float(nu2), shortest)
+    noise2 = min(2.0 * nu2, shortest)
     # explained by the resampling, or by the noise; where the shortest unexplained edge caps
     # the noise, that edge (and every copy of it) is the bound's evidence, not a copy
     copy = (d_pair <= resampled) | ((d_pair - resampled <= noise2)
                                     & ((noise2 < shortest) | (d_pair > shortest)))
-    if not bool(copy.any()):
+    comp = np.arange(n)
+    if bool(copy.any()):
+        rows, cols = qi[copy].cpu().numpy(), kj[copy].cpu().numpy()
+        _, comp = connected_components(
+            coo_matrix((np.ones(rows.size), (rows, cols)), shape=(n, n)), directed=False)
+    # groups of copies that the cap split: joined where their means are within their copies'
+    # own scatter (the pairs of groups tested are those an edge joins within the noise)
+    if nu2 > 0:
+        near = (d_pair - resampled <= 2.0 * share * nu2).cpu()
+        comp = _merge_pieces(X, comp, qi.cpu()[near].numpy(), kj.cpu()[near].numpy(), noise,
+                             grid, refine_grid, batch_size)
+    if comp.max() + 1 == n:
         return None
-    rows, cols = qi[copy].cpu().numpy(), kj[copy].cpu().numpy()
-    _, comp = connected_components(
-        coo_matrix((np.ones(rows.size), (rows, cols)), shape=(n, n)), directed=False)
     return first_of_each(comp)[comp]
+
+
+def _merge_pieces(X, comp, qa, kb, noise, grid, refine_grid, batch_size):
+    """``comp`` once the pieces (its labels) that are copies of one image are joined, in
+    rounds until none joins. Two pieces ``A``, ``B`` joined by one of the edges ``(qa, kb)``,
+    one of them of several images, are one shape when the invariant distance of their means
+    is within the resampling residual of their alignment and the noise of two means,
+    ``s^2 (1 / n_A + 1 / n_B)``: ``s^2`` the scatter of a copy about its piece's mean,
+    pooled over the pieces the copy edges made (:func:`_piece_means`), at most the largest of
+    as many draws of it as pairs are tested (a gamma law of its mean and spread), and only
+    where it is within the measured ``noise``. The copies measure their noise themselves:
+    detail the noise estimate took for noise is no copy's scatter."""
+    comp = np.unique(comp, return_inverse=True)[1]
+    measured = None
+    while True:
+        size = np.bincount(comp)
+        a, b = comp[qa], comp[kb]
+        keep = (a != b) & ((size[a] > 1) | (size[b] > 1))
+        if not keep.any():
+            return comp
+        pairs = np.unique(np.stack([np.minimum(a, b), np.maximum(a, b)], 1)[keep], axis=0)
+        pieces = np.unique(pairs)
+        at = np.full(size.size, -1, dtype=np.int64)
+        at[pieces] = np.arange(pieces.size)
+        M, scatter = _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size)
+        if measured is None:
+            # measured once, on the pieces as the copy edges made them: a joined piece's
+            # scatter would hold what joined it
+            # and only where it is the noise: copies that scatter more than the measured noise
+            # lets them are pieces of distinct images (their copy edges joined what the
+            # estimate could not tell apart), and no measure of a copy's noise
+            if scatter.size == 0 or scatter.mean() > noise.power * noise.highest_share(
+                    scatter.size):
+                return comp
+            measured = float(scatter.mean()), float(scatter.std())
+        # at most the largest of as many draws as pairs are tested
+        unit = _gamma_quantile(*measured, 1.0 - 1.0 / (len(pairs) + 1))
+        A = torch.as_tensor(at[pairs[:, 0]], device=X.device)
+        B = torch.as_tensor(at[pairs[:, 1]], device=X.device)
+        p = align(M[A], M[B], grid, refine_grid, batch_size)
+        d2 = torch.linalg.vector_norm((M[A] - fast_warp(M[B], p)).reshape(len(A), -1),
+                                      dim=1).double().pow(2)
+        e2 = alignment_residual(M, A, B, p).double().pow(2)
+        tol = unit * (1.0 / size[pairs[:, 0]] + 1.0 / size[pairs[:, 1]])
+        ok = (d2 - e2).cpu().numpy() <= tol
+        if not ok.any():
+            return comp
+        m = size.size
+        _, joined = connected_components(
+            coo_matrix((np.ones(int(ok.sum())), (pairs[ok, 0], pairs[ok, 1])), shape=(m, m)),
+            directed=False)
+        comp = joined[comp]
+
+
+def _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size):
+    """``(M, scatter)``: the mean of each piece of ``pieces`` (labels of ``comp``; ``at``:
+    their rows), its images aligned onto its first image, in memory-bounded blocks; and each
+    image's scatter about its piece's mean, ``||x_i - T_i^-1 mu_A||^2 n_A / (n_A - 1)``
+    (NumPy; ``T_i`` its alignment onto the first image), over the pieces of several
+    images."""
+    first = first_of_each(comp)
+    dev = X.device
+    own = first[pieces]
+    M = X[torch.as_tensor(own, device=dev)].clone()
+    others = np.flatnonzero((at[comp] >= 0) & (first[comp] != np.arange(comp.size)))
+    step = max(1, _memory.REFINE_PAIR_ELEMENTS // max(1, X[0].numel()))
+    blocks = [others[s0:s0 + step] for s0 in range(0, others.size, step)]
+    poses = []
+    for mb in blocks:
+        K = X[torch.as_tensor(mb, device=dev)]
+        p = align(X[torch.as_tensor(first[comp[mb]], device=dev)], K, grid, refine_grid,
+                  batch_size)
+        poses.append(p)
+        M.index_add_(0, torch.as_tensor(at[comp[mb]], device=dev), fast_warp(K, p))
+    n = torch.as_tensor(size[pieces], dtype=M.dtype, device=dev)
+    M = M / n[:, None, None, None]
+    # the scatter: the first images as they are, the others as aligned
+    factor = np.where(size > 1, size / np.maximum(size - 1, 1), 0.0)
+    multi = size[pieces] > 1
+    scatter = [(torch.linalg.vector_norm((X[torch.as_tensor(own[multi], device=dev)]
+                                          - M[torch.as_tensor(np.flatnonzero(multi),
+                                                              device=dev)]).reshape(
+        int(multi.sum()), -1), dim=1).double().pow(2).cpu().numpy() * factor[pieces[multi]])]
+    for mb, p in zip(blocks, poses):
+        # each copy as it is against the mean in its pose: its own noise, unsmoothed by a warp
+        mean = M[torch.as_tensor(at[comp[mb]], device=dev)]
+        back = invert_se2(p)
+        r = X[torch.as_tensor(mb, device=dev)] - fast_warp(mean, back)
+        r2 = torch.linalg.vector_norm(r.reshape(len(mb), -1), dim=1).double().pow(2)
+        # less the blur the warp puts into the mean (its round trip), as the pairs' test has
+        r2 = (r2 - _round_trip_residual(mean, back).double().pow(2)).clamp(min=0)
+        scatter.append(r2.cpu().numpy() * factor[comp[mb]])
+    return M, np.concatenate(scatter)

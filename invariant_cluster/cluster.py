@@ -56,12 +56,13 @@ from ._iteration import (  # noqa: F401 - the iteration's names, importable from
 from ._leiden import leiden_workers
 from ._means import cluster_means
 from ._progress import progress, progress_bar
-from ._shapes import find_shapes, noise_power
+from ._shapes import align, find_shapes, measure_noise
 from ._threads import thread_limit
 from ._utils import resolve_device
 from ._weights import attention_weights, calibrate_bandwidth  # noqa: F401 - as before
-from .denoise import RadialWiener
-from .search import all_pairs, candidate_search, knn_search, make_search_plan, refine_pairs
+from .denoise import RadialWiener, estimate_noise_std
+from .denoise import _subset_rows as _noise_rows
+from .search import all_pairs, candidate_search, knn_search, make_search_plan
 from .transforms import compose_se2, fast_warp
 
 __all__ = ["InvariantAttentionClusterer", "invariant_attention_clustering"]
@@ -184,8 +185,9 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         White noise in the images, damped before anything else by
         :class:`~invariant_cluster.denoise.RadialWiener` (an isotropic filter). "auto":
         measured where the images have least power
-        (:func:`~invariant_cluster.denoise.estimate_noise_std`; 0 on clean images, and the
-        filter is then the identity); a float: the known standard deviation (0: no filter).
+        (:func:`~invariant_cluster.denoise.estimate_noise_std`, on the images as given: the
+        centring's sub-pixel shifts would interpolate the noise away; 0 on clean images, and
+        the filter is then the identity); a float: the known standard deviation (0: no filter).
         The search, the iteration, the centres, ``predict`` and ``transform`` all see the
         filtered images. See :ref:`parameters-noise`.
     reflection : bool, default=False
@@ -375,7 +377,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         -------
         self : object
         """
-        X2, offsets = self._centred(self._validate(X, reset=True), reset=True)
+        X1 = self._validate(X, reset=True)
+        X2, offsets = self._centred(X1, reset=True)
         dev = resolve_device(self.device)
         grid = self._grid(refine=False)
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
@@ -385,8 +388,10 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         rows = _Rows.distinct(X2)
         Xu = self._tensor(X2[rows.distinct_samples], dev, copy=False)  # a new array
         # 0. the noise, measured on (at most 10,000 of) the distinct images
-        filt = RadialWiener(self.noise_std, image_shape=self.image_shape_).fit_tensor(
+        filt = RadialWiener(self._noise_level(X1, offsets, rows, dev),
+                            image_shape=self.image_shape_).fit_tensor(
             Xu, getattr(self, "feature_names_in_", None))
+        del X1
         t0 = time.perf_counter()
         # the grouping's Leiden runs on a large graph go to worker processes: on a card they
         # start now, while the search runs there (the graph has about n k edges; on the CPU
@@ -454,6 +459,15 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         self._log(f"done: {self.n_clusters_} clusters in {time.perf_counter() - t0:.1f} s")
         return self
 
+    def _noise_level(self, X1, offsets, rows, dev):
+        """``noise_std`` as given, or where the fit centres the images (``offsets``) measured
+        on (at most 10,000 of) the distinct images as given (``X1``): a shift by a fraction of
+        a pixel interpolates the noise's highest frequencies away, where it is read."""
+        if offsets is None or not isinstance(self.noise_std, str):
+            return self.noise_std
+        sub = rows.distinct_samples[_noise_rows(rows.n_distinct, "cpu").numpy()]
+        return estimate_noise_std(self._tensor(X1[sub], dev, copy=False))
+
     def _k(self, n_rows):
         """Neighbours searched among ``n_rows`` images (all others on a small set)."""
         return int(min(self.n_neighbors, n_rows - 1))
@@ -503,8 +517,9 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         search. ``filt``: the fitted noise filter, whose noise sets the copies' tolerance."""
         k = self._k(rows.n_rows)
         plan, knn = self._search(Xu, grid, k)
-        nu2 = noise_power(filt, self.image_shape_, Xu.device, Xu.dtype, pad=self._framed)
-        dup = find_shapes(Xu, *knn, grid, self._grid(self.refine), nu2)
+        noise = measure_noise(filt, self.image_shape_, Xu.device, Xu.dtype, pad=self._framed)
+        dup = find_shapes(Xu, *knn, grid, self._grid(self.refine), noise,
+                          batch_size=self.batch_size)
         Xt, Xown = Xu, None
         if dup is not None:
             rows = rows.with_representatives(dup)
@@ -719,14 +734,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
     def _align(self, Q, K):
         """The alignments ``(m, 3)`` that warp each image of ``K`` onto the image of ``Q`` in
         its row: the grid search, then the refinement (``refine``)."""
-        one_each = torch.arange(Q.shape[0], device=Q.device)
-        _, _, p = candidate_search(Q, K, one_each[:, None], self._grid(refine=False), k=1,
-                                   batch_size=self.batch_size)
-        p = p[:, 0]
-        refine = self._grid(self.refine)
-        if refine.refine and any(refine.free):
-            _, p = refine_pairs(Q, K, one_each, one_each, p, refine)
-        return p.to(Q.dtype)
+        return align(Q, K, self._grid(refine=False), self._grid(self.refine), self.batch_size)
 
     def fit_predict(self, X, y=None):
         """Fit and return ``labels_``."""
