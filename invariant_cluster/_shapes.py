@@ -10,17 +10,24 @@ resampling and the noise put between two copies of one image, both measured on t
   :func:`alignment_residual`);
 - the **noise** left in the filtered images: ``2 nu^2``, ``nu^2 = E ||F n||^2`` for white noise
   ``n`` of the measured standard deviation through the fit's filter ``F``
-  (:func:`noise_power`), the distance two independent noises put between two copies; at most
-  the graph's shortest edge that the resampling does not explain, since two independent noises
-  leave no two images closer (the estimate also reads an image's own fine detail as noise).
+  (:func:`measure_noise`), the distance two independent noises put between two copies; at
+  most the graph's shortest edge that the resampling does not explain, since two independent
+  noises leave no two images closer (the estimate also reads an image's own fine detail as
+  noise).
 
-An edge is a copy edge when ``d_ij^2 <= e_ij^2 + noise``; the shapes are the connected
-components of the copy edges (an exact duplicate is a copy under the identity). Only the edges
-whose grid distance can still be a copy's are refined: by the triangle inequality the grid
-leaves a copy at most ``g_j = ||x_j - T_g x_j||`` (``T_g``: half a grid step of rotation, half
-a pixel of shift) farther than the refinement, and the residual of a turn is bounded by the
-larger of the two images' residuals under a turn of ``min(45, max_rotation)`` degrees
-(:func:`resampling_residual`). The measurements behind the rule: ``docs/design/shapes.rst``.
+An edge is a copy edge when ``d_ij^2 <= e_ij^2 + noise``; the connected components of the copy
+edges are the shapes' first pieces (an exact duplicate is a copy under the identity). Only the
+edges whose grid distance can still be a copy's are refined: by the triangle inequality the
+grid leaves a copy at most ``g_j = ||x_j - T_g x_j||`` (``T_g``: half a grid step of rotation,
+half a pixel of shift) farther than the refinement, and the residual of a turn is bounded by
+the larger of the two images' residuals under a turn of ``min(45, max_rotation)`` degrees
+(:func:`resampling_residual`).
+
+With many noisy copies the shortest edge is the lowest of many draws of the noise, and its cap
+cuts one image's copies into pieces. Two pieces an edge joins within the noise are one shape
+when their means are as close as two means of copies are (:func:`_merge_pieces`): the copies'
+own scatter about their pieces' means measures the noise there, so detail the noise estimate
+read as noise joins nothing. The measurements behind the rule: ``docs/design/shapes.rst``.
 """
 
 from __future__ import annotations
@@ -42,8 +49,7 @@ from .transforms import fast_warp, invert_se2
 # refined, in degrees (at most the searched range): bilinear interpolation blurs alike at any
 # angle away from a quarter turn (docs/design/shapes.rst)
 PROBE_ROTATION = 45.0
-# White-noise images drawn to measure the filtered noise's power and its spread (pairs of them
-# for the pair noise)
+# White-noise images drawn to measure the filtered noise's power and its spread
 _NOISE_DRAWS = 64
 # Frame pixels count as kept by a warp where it keeps at least this much of their weight
 _KEPT = 1 - 1e-3
@@ -119,29 +125,19 @@ def alignment_residual(X, qi, kj, params):
 
 
 class Noise(NamedTuple):
-    """The noise of a fit's filtered images, drawn through its filter (all 0 without noise):
+    """The noise of a fit's filtered images, drawn through its filter (0 without noise):
     ``power``, ``E ||F n||^2`` for white noise ``n`` of the measured standard deviation, and
-    ``power_std``, its standard deviation over the draws; ``low_mean``, ``low_std``: those of
-    ``||F n - W F n'||^2`` for two independent noises under the warp ``W`` that smooths most
-    (half a pixel along both axes: bilinear weights of 1/4), the least distance two
-    independent noises leave between two copies."""
+    ``power_std``, its standard deviation over the draws."""
 
     power: float = 0.0
     power_std: float = 0.0
-    low_mean: float = 0.0
-    low_std: float = 0.0
-
-    def lowest(self, n_draws: int) -> float:
-        """The least of ``n_draws`` pair noises, as the ``1 / (n_draws + 1)`` quantile of the
-        gamma law of ``low_mean`` and ``low_std`` (0 without noise)."""
-        return _gamma_quantile(self.low_mean, self.low_std, 1.0 / (n_draws + 1))
 
     def highest_share(self, n_draws: int) -> float:
         """The largest of ``n_draws`` draws of a noise's squared norm over its mean: the
         ``1 - 1 / (n_draws + 1)`` quantile of the gamma law of mean 1 and the relative spread
-        ``power_std / power`` (1 without noise). A mean of ``m`` images' noises, and the
-        difference of two such means, is white noise of the same pixels, so it has the same
-        relative spread."""
+        ``power_std / power`` (1 without noise). The difference of two independent noises,
+        and of two means of them, is white noise of the same pixels: the same relative
+        spread."""
         if self.power <= 0:
             return 1.0
         return _gamma_quantile(1.0, self.power_std / self.power, 1.0 - 1.0 / (n_draws + 1))
@@ -157,24 +153,20 @@ def _gamma_quantile(mean, std, q):
 
 def measure_noise(filt, image_shape, device, dtype, pad=None) -> Noise:
     """The :class:`Noise` of the measured standard deviation through the fit's filter
-    ``filt``, from ``_NOISE_DRAWS`` pairs of white-noise images of a generator of its own (no
-    global state is touched). ``pad``: the search's framing."""
+    ``filt``, from ``_NOISE_DRAWS`` white-noise images of a generator of its own (no global
+    state is touched). ``pad``: the search's framing."""
     sigma = float(getattr(filt, "noise_std_", 0.0) or 0.0)
     if sigma <= 0:
         return Noise()
     gen = torch.Generator(device="cpu").manual_seed(0)
-    noise = torch.randn((2 * _NOISE_DRAWS, *image_shape), generator=gen, dtype=torch.float64)
+    noise = torch.randn((_NOISE_DRAWS, *image_shape), generator=gen, dtype=torch.float64)
     noise = (sigma * noise).to(device=device, dtype=dtype)
     if not filt.is_identity:
         noise = filt.filter_tensor(noise, in_place=True)
     if pad is not None:
         noise = pad(noise)
-    a, b = noise[:_NOISE_DRAWS], noise[_NOISE_DRAWS:]
-    power = torch.linalg.vector_norm(a.reshape(_NOISE_DRAWS, -1), dim=1).double().pow(2)
-    half = torch.tensor([[0.0, 0.5, 0.5]], dtype=dtype, device=device).repeat(_NOISE_DRAWS, 1)
-    low = torch.linalg.vector_norm((a - fast_warp(b, half)).reshape(_NOISE_DRAWS, -1),
-                                   dim=1).double().pow(2)
-    return Noise(float(power.mean()), float(power.std()), float(low.mean()), float(low.std()))
+    power = torch.linalg.vector_norm(noise.reshape(_NOISE_DRAWS, -1), dim=1).double().pow(2)
+    return Noise(float(power.mean()), float(power.std()))
 
 
 def align(Q: torch.Tensor, K: torch.Tensor, grid, refine_grid, batch_size=None):
