@@ -264,11 +264,10 @@ def _merge_pieces(X, comp, qa, kb, noise, grid, refine_grid, batch_size):
         at[pieces] = np.arange(pieces.size)
         M, scatter = _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size)
         if measured is None:
-            # measured once, on the pieces as the copy edges made them: a joined piece's
-            # scatter would hold what joined it
-            # and only where it is the noise: copies that scatter more than the measured noise
-            # lets them are pieces of distinct images (their copy edges joined what the
-            # estimate could not tell apart), and no measure of a copy's noise
+            # measured once, on the pieces as the copy edges made them (a joined piece's
+            # scatter would hold what joined it), and used only where it is the noise: pieces
+            # that scatter more than the measured noise lets copies scatter hold distinct
+            # images (their copy edges joined what the estimate could not tell apart)
             if scatter.size == 0 or scatter.mean() > noise.power * noise.highest_share(
                     scatter.size):
                 return comp
@@ -314,13 +313,12 @@ def _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size):
         M.index_add_(0, torch.as_tensor(at[comp[mb]], device=dev), fast_warp(K, p))
     n = torch.as_tensor(size[pieces], dtype=M.dtype, device=dev)
     M = M / n[:, None, None, None]
-    # the scatter: the first images as they are, the others as aligned
+    # the scatter, unbiased by n_A / (n_A - 1): each first image against its mean as it is
     factor = np.where(size > 1, size / np.maximum(size - 1, 1), 0.0)
-    multi = size[pieces] > 1
-    scatter = [(torch.linalg.vector_norm((X[torch.as_tensor(own[multi], device=dev)]
-                                          - M[torch.as_tensor(np.flatnonzero(multi),
-                                                              device=dev)]).reshape(
-        int(multi.sum()), -1), dim=1).double().pow(2).cpu().numpy() * factor[pieces[multi]])]
+    multi = np.flatnonzero(size[pieces] > 1)
+    r = X[torch.as_tensor(own[multi], device=dev)] - M[torch.as_tensor(multi, device=dev)]
+    r2 = torch.linalg.vector_norm(r.reshape(len(multi), -1), dim=1).double().pow(2)
+    scatter = [r2.cpu().numpy() * factor[pieces[multi]]]
     for mb, p in zip(blocks, poses):
         # each copy as it is against the mean in its pose: its own noise, unsmoothed by a warp
         mean = M[torch.as_tensor(at[comp[mb]], device=dev)]
