@@ -262,7 +262,8 @@ def _merge_pieces(X, comp, qa, kb, noise, grid, refine_grid, batch_size):
         pieces = np.unique(pairs)
         at = np.full(size.size, -1, dtype=np.int64)
         at[pieces] = np.arange(pieces.size)
-        M, scatter = _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size)
+        M, scatter = _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size,
+                                  scatter=measured is None)
         if measured is None:
             # measured once, on the pieces as the copy edges made them (a joined piece's
             # scatter would hold what joined it), and used only where it is the noise: pieces
@@ -274,14 +275,18 @@ def _merge_pieces(X, comp, qa, kb, noise, grid, refine_grid, batch_size):
             measured = float(scatter.mean()), float(scatter.std())
         # at most the largest of as many draws as pairs are tested
         unit = _gamma_quantile(*measured, 1.0 - 1.0 / (len(pairs) + 1))
-        A = torch.as_tensor(at[pairs[:, 0]], device=X.device)
-        B = torch.as_tensor(at[pairs[:, 1]], device=X.device)
-        p = align(M[A], M[B], grid, refine_grid, batch_size)
-        d2 = torch.linalg.vector_norm((M[A] - fast_warp(M[B], p)).reshape(len(A), -1),
-                                      dim=1).double().pow(2)
-        e2 = alignment_residual(M, A, B, p).double().pow(2)
+        excess = np.empty(len(pairs))
+        starts, step = _blocks(len(pairs), M)
+        for s0 in starts:
+            A = torch.as_tensor(at[pairs[s0:s0 + step, 0]], device=X.device)
+            B = torch.as_tensor(at[pairs[s0:s0 + step, 1]], device=X.device)
+            p = align(M[A], M[B], grid, refine_grid, batch_size)
+            d2 = torch.linalg.vector_norm((M[A] - fast_warp(M[B], p)).reshape(len(A), -1),
+                                          dim=1).double().pow(2)
+            e2 = alignment_residual(M, A, B, p).double().pow(2)
+            excess[s0:s0 + len(A)] = (d2 - e2).cpu().numpy()
         tol = unit * (1.0 / size[pairs[:, 0]] + 1.0 / size[pairs[:, 1]])
-        ok = (d2 - e2).cpu().numpy() <= tol
+        ok = excess <= tol
         if not ok.any():
             return comp
         m = size.size
@@ -291,19 +296,19 @@ def _merge_pieces(X, comp, qa, kb, noise, grid, refine_grid, batch_size):
         comp = joined[comp]
 
 
-def _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size):
+def _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size, scatter=True):
     """``(M, scatter)``: the mean of each piece of ``pieces`` (labels of ``comp``; ``at``:
     their rows), its images aligned onto its first image, in memory-bounded blocks; and each
     image's scatter about its piece's mean, ``||x_i - T_i^-1 mu_A||^2 n_A / (n_A - 1)``
-    (NumPy; ``T_i`` its alignment onto the first image), over the pieces of several
-    images."""
+    (NumPy; ``T_i`` its alignment onto the first image), over the pieces of several images
+    (None with ``scatter=False``)."""
     first = first_of_each(comp)
     dev = X.device
     own = first[pieces]
     M = X[torch.as_tensor(own, device=dev)].clone()
     others = np.flatnonzero((at[comp] >= 0) & (first[comp] != np.arange(comp.size)))
-    step = max(1, _memory.REFINE_PAIR_ELEMENTS // max(1, X[0].numel()))
-    blocks = [others[s0:s0 + step] for s0 in range(0, others.size, step)]
+    starts, step = _blocks(others.size, X)
+    blocks = [others[s0:s0 + step] for s0 in starts]
     poses = []
     for mb in blocks:
         K = X[torch.as_tensor(mb, device=dev)]
@@ -313,12 +318,14 @@ def _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size):
         M.index_add_(0, torch.as_tensor(at[comp[mb]], device=dev), fast_warp(K, p))
     n = torch.as_tensor(size[pieces], dtype=M.dtype, device=dev)
     M = M / n[:, None, None, None]
+    if not scatter:
+        return M, None
     # the scatter, unbiased by n_A / (n_A - 1): each first image against its mean as it is
     factor = np.where(size > 1, size / np.maximum(size - 1, 1), 0.0)
     multi = np.flatnonzero(size[pieces] > 1)
     r = X[torch.as_tensor(own[multi], device=dev)] - M[torch.as_tensor(multi, device=dev)]
     r2 = torch.linalg.vector_norm(r.reshape(len(multi), -1), dim=1).double().pow(2)
-    scatter = [r2.cpu().numpy() * factor[pieces[multi]]]
+    spread = [r2.cpu().numpy() * factor[pieces[multi]]]
     for mb, p in zip(blocks, poses):
         # each copy as it is against the mean in its pose: its own noise, unsmoothed by a warp
         mean = M[torch.as_tensor(at[comp[mb]], device=dev)]
@@ -327,5 +334,5 @@ def _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size):
         r2 = torch.linalg.vector_norm(r.reshape(len(mb), -1), dim=1).double().pow(2)
         # less the blur the warp puts into the mean (its round trip), as the pairs' test has
         r2 = (r2 - _round_trip_residual(mean, back).double().pow(2)).clamp(min=0)
-        scatter.append(r2.cpu().numpy() * factor[comp[mb]])
-    return M, np.concatenate(scatter)
+        spread.append(r2.cpu().numpy() * factor[comp[mb]])
+    return M, np.concatenate(spread)
