@@ -5,12 +5,14 @@ Everything here works on a kNN graph given as ``(index, dist)`` arrays of shape 
 
 - :func:`two_hop_candidates`: the neighbours and the neighbours' neighbours of every sample, the
   shortlist on which the graph of the means is searched again.
-- :func:`embed_and_cluster`: umap-learn's fuzzy simplicial set of the graph, a 10-D embedding and
-  k-means in it, or HDBSCAN when the number of clusters is not given (``grouping="umap"``).
+- :func:`embed_and_cluster` (from :mod:`invariant_cluster._embedding`): umap-learn's layout
+  of the graph, a 10-D embedding and k-means in it, or HDBSCAN when the number of clusters is
+  not given (``grouping="umap"``).
 - :func:`fuzzy_graph`, :func:`leiden`, :func:`group`: Leiden on the fuzzy graph of the shapes'
-  kNN graph or of its union with the means' graph (``benchmarks/bench_noise.py``);
-  ``n_clusters=None`` by one principle: each shape alone where that graph is complete (it
-  shows no community), else modularity's communities.
+  kNN graph or of its union with the means' graph (``benchmarks/bench_noise.py``), each shape
+  weighing as the samples it stands for (:func:`quotient_graph`); ``n_clusters=None`` by one
+  principle: each shape alone where that graph is complete (it shows no community), else
+  modularity's communities.
 - :func:`vote`: ``predict``'s majority among the nearest fitted samples.
 
 The shapes themselves (the groups of copies, one node each here) are found before, by
@@ -25,9 +27,17 @@ import warnings
 
 import numpy as np
 import torch
-from scipy.sparse import coo_matrix
+from scipy.sparse import coo_matrix, diags
 from scipy.sparse.csgraph import connected_components
 
+from ._embedding import (  # noqa: F401 - the benchmarks and tests import them from here
+    SPECTRAL_MAX_PARTS,
+    _cluster_embedding,
+    _positive,
+    embed_and_cluster,
+    embed_fuzzy_graph,
+    embed_graph,
+)
 from ._leiden import (  # noqa: F401 - _igraph_graph: the tests build graphs with it
     _graph_edges,
     _igraph_from_edges,
@@ -37,11 +47,7 @@ from ._leiden import (  # noqa: F401 - _igraph_graph: the tests build graphs wit
     leiden_worker,
     run_workers,
 )
-from ._third_party import import_quietly
 from ._weights import calibrate_bandwidth
-
-# HDBSCAN's min_samples: its default merged small groups of copies (the user guide's rules)
-_MIN_SAMPLES = 2
 
 
 def two_hop_candidates(index: torch.Tensor, rows=None) -> torch.Tensor:
@@ -68,124 +74,6 @@ def two_hop_candidates(index: torch.Tensor, rows=None) -> torch.Tensor:
     order = order[:, :max(width, 1)]
     return torch.where(dup.gather(1, order), rows[:, None].expand_as(order),
                        cand.gather(1, order))
-
-
-def embed_and_cluster(index: np.ndarray, dist: np.ndarray, n_clusters, random_state,
-                      n_components: int = 10) -> np.ndarray:
-    """UMAP embedding of the kNN graph (``min_dist=0``), then k-means with ``n_clusters``, or
-    HDBSCAN when ``n_clusters`` is None (the modes of the embedded density).
-
-    ``index``/``dist``: ``(n, k)`` without the sample itself; umap-learn wants it in column 0.
-    ``random_state`` is an int (it seeds umap-learn's layout and k-means' starts). HDBSCAN's
-    smallest cluster is 1% of the samples (at least 3); the samples it calls noise join the
-    cluster of their nearest clustered sample in the embedding.
-    """
-    n, k = index.shape
-    if n_clusters is not None and n <= n_clusters:
-        return np.arange(n)
-    emb = embed_graph(index, dist, random_state, n_components)
-    return _cluster_embedding(emb, n_clusters, random_state)
-
-
-def _cluster_embedding(emb, n_clusters, random_state):
-    """k-means with ``n_clusters`` on an embedding, or HDBSCAN for None (see
-    :func:`embed_and_cluster`)."""
-    from sklearn.cluster import HDBSCAN, KMeans
-    from sklearn.neighbors import NearestNeighbors
-
-    n = emb.shape[0]
-    if n_clusters is not None:
-        return KMeans(n_clusters, n_init=10, random_state=random_state).fit_predict(emb)
-    labels = HDBSCAN(min_cluster_size=max(3, int(round(0.01 * n))), min_samples=_MIN_SAMPLES,
-                     copy=True).fit_predict(emb.astype(np.float64))
-    noise = labels < 0
-    if noise.all():
-        return np.zeros(n, dtype=np.int64)
-    if noise.any():
-        nn = NearestNeighbors(n_neighbors=1).fit(emb[~noise])
-        labels[noise] = labels[~noise][nn.kneighbors(emb[noise], return_distance=False)[:, 0]]
-    return labels
-
-
-def _positive(dist: np.ndarray) -> np.ndarray:
-    """The kNN distances with zeros raised to a tiny positive value.
-
-    umap-learn's calibration takes ``rho_i`` as the first positive distance, which would give a
-    sample's exact copies no say and the nearest other shape the full weight; with zeros raised
-    to ``1e-6`` of the smallest positive distance, ``rho_i`` is the distance to the copies.
-    """
-    dist = np.asarray(dist, dtype=np.float64)
-    pos = dist[(dist > 0) & np.isfinite(dist)]
-    tiny = 1e-6 * (float(pos.min()) if pos.size else 1.0)
-    return np.where(dist > tiny, dist, tiny)
-
-
-def embed_graph(index: np.ndarray, dist: np.ndarray, random_state,
-                n_components: int = 10) -> np.ndarray:
-    """umap-learn's embedding (``min_dist=0``) of a kNN graph given as ``(n, k)`` arrays."""
-    n, k = index.shape
-    idx = np.concatenate([np.arange(n)[:, None], index], 1).astype(np.int64)
-    dst = np.concatenate([np.zeros((n, 1)), _positive(dist)], 1).astype(np.float32)
-    n_components = int(max(1, min(n_components, n - 2)))
-    if n <= n_components + 2 or k < 2:
-        # too small for a layout: each sample's graph distances to all samples
-        emb = np.full((n, n), float(dst.max()) * 2.0 + 1.0)
-        np.put_along_axis(emb, idx, dst, axis=1)
-        return emb
-    return _umap_embedding(idx, dst, n_components, random_state)
-
-
-def _umap_embedding(idx, dst, n_components, random_state):
-    """umap-learn's layout (``min_dist=0``) of a kNN graph, the sample itself in column 0: a
-    ``UMAP(metric="precomputed")`` fitted on the graph's sparse symmetric distance matrix, with
-    the graph itself as its ``precomputed_knn``."""
-    return _fit_umap(_distance_matrix(idx, dst), idx, dst, n_components, random_state)
-
-
-def _distance_matrix(idx, dst):
-    """The symmetric sparse distance matrix of a kNN graph ``(idx, dst)`` (the sample itself in
-    column 0): every edge in both directions, the shorter distance where both directions were
-    found, and a zero diagonal, as umap-learn's ``metric="precomputed"`` takes it."""
-    from scipy.sparse import csr_matrix
-
-    n, k = idx.shape
-    rows = np.repeat(np.arange(n), k)
-    cols, vals = idx.ravel(), np.asarray(dst, dtype=np.float32).ravel()
-    keep = (cols != rows) & (cols >= 0)
-    r = np.concatenate([rows[keep], cols[keep]])
-    c = np.concatenate([cols[keep], rows[keep]])
-    v = np.concatenate([vals[keep], vals[keep]])
-    # the shortest of each pair's distances first, then one entry a pair
-    order = np.lexsort((v, c, r))
-    r, c, v = r[order], c[order], v[order]
-    first = np.ones(r.size, dtype=bool)
-    first[1:] = (r[1:] != r[:-1]) | (c[1:] != c[:-1])
-    return csr_matrix((v[first], (r[first], c[first])), shape=(n, n))
-
-
-# connected parts of a graph up to which umap-learn's layout starts from its spectral embedding;
-# beyond, at random: with precomputed distances it places the parts by their average linkage,
-# one sparse slice per pair of parts
-SPECTRAL_MAX_PARTS = 50
-
-
-def _fit_umap(D, idx, dst, n_components, random_state):
-    """``UMAP(metric="precomputed", precomputed_knn=(idx, dst))`` fitted on the sparse distance
-    matrix ``D``; its 10-D layout with ``min_dist=0``."""
-    umap = import_quietly("umap")
-
-    n, k = idx.shape
-    spectral = n > 3 * n_components and connected_components(
-        D, directed=False)[0] <= SPECTRAL_MAX_PARTS
-    with warnings.catch_warnings():
-        # umap-learn warns that a seed disables its parallel layout, about tiny graphs and that
-        # a precomputed metric has no inverse transform
-        warnings.simplefilter("ignore")
-        reducer = umap.UMAP(n_components=n_components, n_neighbors=k, min_dist=0.0,
-                            metric="precomputed", precomputed_knn=(idx, dst),
-                            random_state=random_state,
-                            init="spectral" if spectral else "random", n_jobs=1)
-        return reducer.fit_transform(D)
 
 
 def fuzzy_graph(index: np.ndarray, dist: np.ndarray, random_state=0, calibration="capped"):
@@ -380,16 +268,17 @@ def _typical_runs(runs) -> np.ndarray:
     return np.flatnonzero(mean >= np.median(mean))
 
 
-def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
-    """Leiden (RB configuration model) on a weighted sparse graph.
+def leiden(graph, n_clusters, random_state=0, max_steps: int = 40, sizes=None):
+    """Leiden (RB configuration model) on a weighted sparse graph (self-loops included), its
+    nodes standing for ``sizes`` samples each (None: one).
 
     ``n_clusters=None``: resolution 1 (modularity), the typical best of ``COUNT_RUNS`` runs
     of igraph's Leiden (:func:`_best_partition`). An int: the resolution is searched (from 1,
     secant steps in log-log; the typical best of igraph's Leiden runs on the whole graph, then
     leidenalg merging the communities of a finer probe) until the partition has
     ``n_clusters`` parts; if none is found, the partition with the closest count not above
-    ``n_clusters``. Communities under ``_MIN_PART_FRACTION`` of ``n / n_clusters`` nodes are
-    not counted and join the counted community they are most strongly joined to.
+    ``n_clusters``. Communities under ``_MIN_PART_FRACTION`` of ``n / n_clusters`` samples
+    are not counted and join the counted community they are most strongly joined to.
     """
     import leidenalg as la
 
@@ -419,34 +308,41 @@ def leiden(graph, n_clusters, random_state=0, max_steps: int = 40):
             part.from_coarse_partition(coarse)
         return np.unique(part.membership, return_inverse=True)[1].astype(np.int64), part
 
-    min_size = max(1, math.ceil(_MIN_PART_FRACTION * graph.shape[0] / int(n_clusters)))
-    labels = _search_resolution(run, int(n_clusters), max_steps, min_size)
-    return _absorb_small_parts(labels, graph, min_size)
+    total = graph.shape[0] if sizes is None else float(np.sum(sizes))
+    min_size = max(1.0, _MIN_PART_FRACTION * total / int(n_clusters))
+    labels = _search_resolution(run, int(n_clusters), max_steps, min_size, sizes)
+    return _absorb_small_parts(labels, graph, min_size, sizes)
 
 
-def _count_parts(labels: np.ndarray, min_size: int) -> int:
-    """Number of parts of ``labels`` with at least ``min_size`` members."""
-    return int((np.bincount(labels) >= min_size).sum())
+def _part_sizes(labels: np.ndarray, sizes=None) -> np.ndarray:
+    """The samples in each part of ``labels``, its nodes standing for ``sizes`` each (None:
+    one)."""
+    return np.bincount(labels, weights=sizes)
 
 
-def _absorb_small_parts(labels: np.ndarray, graph, min_size: int) -> np.ndarray:
-    """``labels`` with every part under ``min_size`` members merged into the part of at least
-    ``min_size`` to which the sum of its edge weights is largest (repeated while that joins
-    more; a small part joined to none stays apart). Labels renumbered from 0."""
+def _count_parts(labels: np.ndarray, min_size, sizes=None) -> int:
+    """Number of parts of ``labels`` of at least ``min_size`` samples."""
+    return int((_part_sizes(labels, sizes) >= min_size).sum())
+
+
+def _absorb_small_parts(labels: np.ndarray, graph, min_size, sizes=None) -> np.ndarray:
+    """``labels`` with every part under ``min_size`` samples (its nodes standing for ``sizes``
+    each; None: one) merged into the part of at least ``min_size`` to which the sum of its
+    edge weights is largest (repeated while that joins more; a small part joined to none
+    stays apart). Labels renumbered from 0."""
     labels = np.asarray(labels, dtype=np.int64)
     if min_size <= 1:
         return labels
     A = graph.tocsr()
     for _ in range(int(labels.max()) + 1):
-        sizes = np.bincount(labels)
-        big = sizes >= min_size
+        big = _part_sizes(labels, sizes) >= min_size
         small_rows = np.flatnonzero(~big[labels])
         if small_rows.size == 0 or not big.any():
             break
         # weight from each small part (rows) to each counted part (columns): a dense array of
         # (small parts x counted parts), never (parts x parts)
         big_parts = np.flatnonzero(big)
-        column = np.full(sizes.size, -1)
+        column = np.full(big.size, -1)
         column[big_parts] = np.arange(big_parts.size)
         parts, row = np.unique(labels[small_rows], return_inverse=True)
         sub = A[small_rows].tocoo()
@@ -457,17 +353,17 @@ def _absorb_small_parts(labels: np.ndarray, graph, min_size: int) -> np.ndarray:
         joined = strength.max(1) > 0
         if not joined.any():
             break
-        target = np.arange(sizes.size)
+        target = np.arange(big.size)
         target[parts[joined]] = big_parts[strength[joined].argmax(1)]
         labels = target[labels]
     return np.unique(labels, return_inverse=True)[1].astype(np.int64)
 
 
-def _search_resolution(run, n_clusters, max_steps, min_size=1):
+def _search_resolution(run, n_clusters, max_steps, min_size=1, sizes=None):
     """Secant search for the resolution at which ``run(resolution, finer)`` gives
-    ``n_clusters`` parts of at least ``min_size`` members (the count grows with the
-    resolution); ``finer`` is the partition of the finest probe with too many parts so far (None
-    before there is one). See :func:`leiden`."""
+    ``n_clusters`` parts of at least ``min_size`` samples (nodes of ``sizes``; the count grows
+    with the resolution); ``finer`` is the partition of the finest probe with too many parts so
+    far (None before there is one). See :func:`leiden`."""
     target = math.log(n_clusters)
     lo_r, hi_r = (math.log(r) for r in _RESOLUTION_RANGE)
     below = above = None  # (log r, log count, partition) of the nearest probes either side
@@ -476,7 +372,7 @@ def _search_resolution(run, n_clusters, max_steps, min_size=1):
         # only merging is asked of a finer partition: a probe above its resolution starts over
         finer = above[2] if above is not None and x < above[0] else None
         labels, part = run(math.exp(x), finer)
-        c = _count_parts(labels, min_size)
+        c = _count_parts(labels, min_size, sizes)
         if c <= n_clusters and (best is None or c > best_count):
             best, best_count = labels, c
         if c == n_clusters:
@@ -511,36 +407,6 @@ def _search_resolution(run, n_clusters, max_steps, min_size=1):
     return best if best is not None else labels
 
 
-def embed_fuzzy_graph(graph, random_state, n_components: int = 10) -> np.ndarray:
-    """umap-learn's layout (``min_dist=0``) of a given fuzzy graph, e.g. a union of two.
-
-    The graph's memberships become distances ``-log w_ij``; each sample keeps its ``m``
-    nearest, ``m`` the fewest edges a sample has, and ``UMAP(metric="precomputed")`` lays out
-    that kNN graph (:func:`_umap_embedding`).
-    """
-    G = graph.tocsr(copy=True)
-    G.setdiag(0)
-    G.eliminate_zeros()
-    n = G.shape[0]
-    degree = np.diff(G.indptr)
-    m = int(degree[degree > 0].min()) if degree.any() else 0
-    idx = np.full((n, m + 1), -1, dtype=np.int64)
-    dst = np.full((n, m + 1), np.inf, dtype=np.float32)
-    idx[:, 0], dst[:, 0] = np.arange(n), 0.0
-    # each row's entries by decreasing membership, and their rank within the row
-    rows = np.repeat(np.arange(n), degree)
-    order = np.lexsort((-G.data, rows))
-    rank = np.arange(G.nnz) - G.indptr[rows]
-    near = rank < m
-    idx[rows[near], 1 + rank[near]] = G.indices[order[near]]
-    dst[rows[near], 1 + rank[near]] = -np.log(np.minimum(G.data[order[near]], 1.0))
-    dst[:, 1:] = _positive(dst[:, 1:])
-    n_components = int(max(1, min(n_components, n - 2)))
-    if n <= n_components + 2 or m < 1:
-        return embed_graph(idx[:, 1:], dst[:, 1:], random_state, n_components)
-    return _umap_embedding(idx, dst, n_components, random_state)
-
-
 # "auto" groups the union of the two graphs when the means' graph shares fewer than this
 # fraction of its edges with the samples' graph (the iteration replaced most neighbours).
 _UNION_BELOW = 0.44
@@ -572,9 +438,10 @@ def resolve_graph(graph, index, index_means):
                       and shared_edges(index, index_means) < _UNION_BELOW) else "samples"
 
 
-def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, random_state):
+def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, random_state,
+          sizes=None):
     """Labels of the shapes from their kNN graph and their converged means' (``(n, k)``
-    arrays, self left out).
+    arrays, self left out), each shape standing for ``sizes`` samples (None: one each).
 
     ``graph``: "samples", "means", "both" (the union of their fuzzy graphs) or "auto" ("both"
     when the means' graph shares fewer than ``_UNION_BELOW`` of its edges with the samples'
@@ -607,9 +474,10 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
     if grouping == "umap":
         emb = embed_fuzzy_graph(G, random_state)
         return _cluster_embedding(emb, n_clusters, random_state), graph, rule
-    labels = leiden(G, n_clusters, random_state)
+    G = quotient_graph(G, sizes)
+    labels = leiden(G, n_clusters, random_state, sizes=sizes)
     if n_clusters is None:
-        return _absorb_tiny_communities(labels, G), graph, rule
+        return _absorb_tiny_communities(labels, G, sizes), graph, rule
     if int(labels.max()) + 1 != n_clusters:
         labels = spectral_labels(G, n_clusters, random_state)
     return labels, graph, rule
@@ -676,16 +544,35 @@ def _single_linkage(index: np.ndarray, dist: np.ndarray, n_groups: int) -> np.nd
     return labels.astype(np.int64)
 
 
-def _absorb_tiny_communities(labels: np.ndarray, graph) -> np.ndarray:
-    """``labels`` with the communities under ``_MIN_PART_FRACTION`` of the size of a node's
-    community, on average over the nodes (``sum(size^2) / n``: the tiny communities
-    themselves do not lower it), absorbed (:func:`_absorb_small_parts`)."""
+def _absorb_tiny_communities(labels: np.ndarray, graph, sizes=None) -> np.ndarray:
+    """``labels`` with the communities under ``_MIN_PART_FRACTION`` of the size of a sample's
+    community, on average over the samples (``sum(size^2) / n``, sizes in samples, a node
+    standing for ``sizes`` each: the tiny communities themselves do not lower it), absorbed
+    (:func:`_absorb_small_parts`)."""
     labels = np.asarray(labels, dtype=np.int64)
     if labels.size == 0 or labels.max() < 1:
         return labels
-    sizes = np.bincount(labels).astype(np.float64)
-    typical = float((sizes ** 2).sum()) / labels.size
-    return _absorb_small_parts(labels, graph, max(1, math.ceil(_MIN_PART_FRACTION * typical)))
+    part = _part_sizes(labels, sizes)
+    typical = float((part ** 2).sum()) / float(part.sum())
+    return _absorb_small_parts(labels, graph, max(1.0, _MIN_PART_FRACTION * typical), sizes)
+
+
+def quotient_graph(graph, sizes=None):
+    """The shapes' fuzzy ``graph`` with each shape weighing as the ``sizes`` samples it stands
+    for (None: one each, ``graph`` itself): the edges between shapes are unchanged, and a shape
+    of ``s`` samples, ``s / median(sizes)`` median nodes, gets a self-loop that adds the
+    median strength for each node beyond the first, as its copies would have brought into
+    modularity's null model. Storing every sample twice leaves this graph unchanged."""
+    if sizes is None:
+        return graph
+    s = np.asarray(sizes, dtype=np.float64)
+    extra = np.maximum(s / np.median(s) - 1.0, 0.0)
+    if not extra.any():
+        return graph
+    strength = np.asarray(graph.sum(1)).ravel()
+    # a loop's weight counts twice in its node's strength
+    loops = 0.5 * extra * float(np.median(strength))
+    return (graph + diags(loops, format="csr")).tocsr()
 
 
 def vote(labels_fit: np.ndarray, index: np.ndarray) -> np.ndarray:

@@ -37,8 +37,11 @@ def _igraph_leiden(net, resolution, random_state, n_iterations=None, initial=Non
     with _RNG_LOCK:
         ig.set_random_number_generator(random.Random(int(random_state)))
         try:
+            # igraph's Leiden leaves self-loops out of the nodes' strengths
+            # (igraph/igraph#1475): a graph with loops passes them in as node weights
             clusters = net.community_leiden(
                 objective_function="modularity", weights="weight", resolution=float(resolution),
+                node_weights="strength" if "strength" in net.vs.attributes() else None,
                 initial_membership=initial,
                 n_iterations=_IGRAPH_ITERATIONS if n_iterations is None else n_iterations)
         finally:
@@ -47,10 +50,10 @@ def _igraph_leiden(net, resolution, random_state, n_iterations=None, initial=Non
 
 
 def _graph_edges(graph):
-    """The upper triangle of the symmetric sparse ``graph``: ``(n, rows, cols, weights)``, the
-    edges of :func:`_igraph_graph` in its order."""
+    """The upper triangle of the symmetric sparse ``graph``, its diagonal (self-loops) included:
+    ``(n, rows, cols, weights)``, the edges of :func:`_igraph_graph` in its order."""
     g = graph.tocoo()
-    upper = g.row < g.col
+    upper = (g.row < g.col) | ((g.row == g.col) & (g.data != 0))
     return (int(graph.shape[0]), g.row[upper].astype(np.int64), g.col[upper].astype(np.int64),
             g.data[upper].astype(np.float64))
 
@@ -62,7 +65,8 @@ _EDGE_CHUNK = 1_000_000
 
 def _igraph_from_edges(n, rows, cols, weights):
     """An undirected igraph graph of ``n`` nodes with the given edges in their order,
-    ``weights`` as their "weight"."""
+    ``weights`` as their "weight"; where some are self-loops, each node's strength (a loop
+    counted twice, as modularity counts it) as its "strength"."""
     import igraph as ig
 
     # python-igraph reads a list of int pairs about twice as fast as a NumPy array (1.05
@@ -73,6 +77,11 @@ def _igraph_from_edges(n, rows, cols, weights):
         stop = start + _EDGE_CHUNK
         net.add_edges(list(zip(rows[start:stop].tolist(), cols[start:stop].tolist())))
     net.es["weight"] = np.asarray(weights).tolist()
+    loops = rows == cols
+    if loops.any():
+        w = np.asarray(weights, dtype=np.float64)
+        net.vs["strength"] = (np.bincount(rows, weights=w, minlength=int(n))
+                              + np.bincount(cols, weights=w, minlength=int(n))).tolist()
     return net
 
 

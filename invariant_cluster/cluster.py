@@ -425,7 +425,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             # heap goes back to the kernel (see _heap.release)
             release()
             # 4. group: Leiden on the samples' graph or its union with the means' graph
-            grouped = self._group_stage(Xt, knn, M, grid, seed, workers, t0)
+            grouped = self._group_stage(Xt, knn, M, grid, seed, workers, t0, rows)
             release()
             shape_means = self._unframed(Xt).reshape(rows.n_rows, -1).cpu().numpy().copy()
             if shaped is not None:
@@ -534,13 +534,14 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         self._log(f"kNN graph (k={k}): {time.perf_counter() - t0:.1f} s")
         return Xt, Xown, rows, knn, plan
 
-    def _group_stage(self, Xt, knn, M, grid, seed, workers, t0):
+    def _group_stage(self, Xt, knn, M, grid, seed, workers, t0, rows):
         """The grouping (:class:`_Grouped`) of the kNN graph ``knn`` of the images ``Xt``
-        and their converged means ``M``, once the Leiden workers (if any) have started."""
+        and their converged means ``M`` (the shapes of ``rows``), once the Leiden workers (if
+        any) have started."""
         stage = progress_bar(1, "grouping", "stage")
         if workers is not None:
             workers.join()
-        grouped = self._group(Xt, knn, M, grid, seed)
+        grouped = self._group(Xt, knn, M, grid, seed, rows)
         stage.update()
         stage.close()
         self._log(f"{int(grouped.labels.max()) + 1} clusters "
@@ -658,11 +659,12 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         p = self._align(C, Xown)
         return self._unframed(Mown).reshape(len(own), -1).cpu().numpy(), p.cpu().numpy()
 
-    def _group(self, Xt, knn, M, grid, seed):
+    def _group(self, Xt, knn, M, grid, seed, rows):
         """The grouping (:class:`_Grouped`: labels, largest cluster first) of the shapes'
         kNN graph ``knn = (D, idx, P)`` of the images ``Xt``, the graph of their converged
-        means ``M``, or their union (see ``graph``), with the distances of the graph that ranks
-        each cluster's densest member."""
+        means ``M``, or their union (see ``graph``), each shape weighing as the samples of
+        ``rows`` it stands for, with the distances of the graph that ranks each cluster's
+        densest member."""
         D, idx, _ = knn
         k = self._k(Xt.shape[0])
         idx_m = dist_m = None
@@ -674,17 +676,17 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             if graph in ("auto", "means"):
                 # the means' graph within two hops: for every shape when it is grouped itself
                 # ("means"); "auto" only decides on it, from at most DECIDE_ROWS shapes
-                rows = own
+                picked = own
                 if graph == "auto" and n > DECIDE_ROWS:
                     pick = np.random.default_rng(seed).choice(n, DECIDE_ROWS, replace=False)
-                    rows = torch.as_tensor(np.sort(pick), device=M.device)
-                Dm, idx_mt, _ = candidate_search(M if rows is own else M[rows], M,
-                                                 two_hop_candidates(idx, rows), grid, k=k,
+                    picked = torch.as_tensor(np.sort(pick), device=M.device)
+                Dm, idx_mt, _ = candidate_search(M if picked is own else M[picked], M,
+                                                 two_hop_candidates(idx, picked), grid, k=k,
                                                  batch_size=self.batch_size,
-                                                 client=self.client, exclude=rows)
+                                                 client=self.client, exclude=picked)
                 idx_m, dist_m = idx_mt.cpu().numpy(), _finite_dist(Dm)
-                graph = resolve_graph(graph, idx[rows].cpu().numpy(), idx_m)
-                if rows is not own:
+                graph = resolve_graph(graph, idx[picked].cpu().numpy(), idx_m)
+                if picked is not own:
                     idx_m = dist_m = None  # a subset's graph decided; it is not grouped
             if graph == "both":
                 # the union's means' graph is searched again among ALL means: the denoised
@@ -698,7 +700,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                 Dg = Dm
         labels, graph, count_rule = group(
             idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m, self.n_clusters, graph,
-            self.grouping, seed)
+            self.grouping, seed,
+            sizes=np.bincount(rows.rows_of_samples, minlength=rows.n_rows).astype(np.float64))
         return _Grouped(_relabel_by_size(labels), Dg, graph, count_rule)
 
     def _shape_means(self, Xt, Xown, rows):
