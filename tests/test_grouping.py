@@ -809,7 +809,7 @@ def _set_partitions(n):
     yield from grow([0], 0)
 
 
-def _modularity(A, labels, resolution):
+def _modularity_with_loops(A, labels, resolution):
     """Newman's modularity in float64 of a symmetric adjacency ``A`` whose diagonal holds the
     loops, each counted twice in the degrees (the convention of igraph and leidenalg)."""
     A = np.asarray(A, dtype=np.float64)
@@ -837,10 +837,11 @@ def test_leiden_with_loops_finds_the_best_partition(resolution, seed):
     Q = quotient_graph(A, sizes)
     assert Q.diagonal().any()
     dense = Q.toarray()
-    best = max(_modularity(dense, lab, resolution) for lab in _set_partitions(8))
+    best = max(_modularity_with_loops(dense, lab, resolution) for lab in _set_partitions(8))
     net = _igraph_from_edges(*_graph_edges(Q))
     ours = np.asarray(_igraph_leiden(net, resolution, 0, n_iterations=-1))
-    assert _modularity(dense, ours, resolution) == pytest.approx(best, rel=1e-9, abs=1e-12)
+    assert _modularity_with_loops(dense, ours, resolution) == pytest.approx(
+        best, rel=1e-9, abs=1e-12)
     assert net.modularity(list(ours), weights="weight", resolution=resolution) == \
         pytest.approx(best, rel=1e-9, abs=1e-12)
 
