@@ -700,8 +700,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                 Dg = Dm
         labels, graph, count_rule = group(
             idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m, self.n_clusters, graph,
-            self.grouping, seed,
-            sizes=np.bincount(rows.rows_of_samples, minlength=rows.n_rows).astype(np.float64))
+            self.grouping, seed, sizes=rows.sizes.astype(np.float64))
         return _Grouped(_relabel_by_size(labels), Dg, graph, count_rule)
 
     def _shape_means(self, Xt, Xown, rows):
@@ -884,13 +883,17 @@ class _Rows:
         """Each sample's row in the fit's arrays."""
         return self.row_of_distinct[self.inverse]
 
+    @cached_property
+    def sizes(self):
+        """The samples each row stands for (int64 NumPy)."""
+        return np.bincount(self.rows_of_samples, minlength=self.n_rows)
+
     def counts(self, Xt):
         """The samples each row stands for (a tensor like ``Xt``'s), None where each stands
         for one: a representative of duplicates weighs as all its copies."""
         if self.n_rows >= self.n_samples:
             return None
-        return torch.as_tensor(np.bincount(self.rows_of_samples, minlength=self.n_rows),
-                               device=Xt.device, dtype=Xt.dtype)
+        return torch.as_tensor(self.sizes, device=Xt.device, dtype=Xt.dtype)
 
     def to_samples(self, values, own_values=None):
         """Each sample's row of ``values`` (one per row); with ``own_values`` (one per near
