@@ -77,11 +77,8 @@ def _igraph_from_edges(n, rows, cols, weights):
         stop = start + _EDGE_CHUNK
         net.add_edges(list(zip(rows[start:stop].tolist(), cols[start:stop].tolist())))
     net.es["weight"] = np.asarray(weights).tolist()
-    loops = rows == cols
-    if loops.any():
-        w = np.asarray(weights, dtype=np.float64)
-        net.vs["strength"] = (np.bincount(rows, weights=w, minlength=int(n))
-                              + np.bincount(cols, weights=w, minlength=int(n))).tolist()
+    if (rows == cols).any():
+        net.vs["strength"] = net.strength(weights="weight", loops=True)
     return net
 
 
