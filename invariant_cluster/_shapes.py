@@ -232,15 +232,16 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
     # groups of copies that the cap split: joined where their means are within their copies'
     # own scatter (the pairs of groups tested are those an edge joins within the noise)
     if nu2 > 0:
-        near = (d_pair - resampled <= 2.0 * share * nu2).cpu()
-        comp = _merge_pieces(X, comp, qi.cpu()[near].numpy(), kj.cpu()[near].numpy(), noise,
-                             grid, refine_grid, batch_size)
+        excess = (d_pair - resampled).cpu()
+        near = excess <= 2.0 * share * nu2
+        comp = _merge_pieces(X, comp, qi.cpu()[near].numpy(), kj.cpu()[near].numpy(),
+                             excess[near].numpy(), noise, grid, refine_grid, batch_size)
     if comp.max() + 1 == n:
         return None
     return first_of_each(comp)[comp]
 
 
-def _merge_pieces(X, comp, qa, kb, noise, grid, refine_grid, batch_size):
+def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_size):
     """``comp`` once the pieces (its labels) that are copies of one image are joined, in
     rounds until none joins. Two pieces ``A``, ``B`` joined by one of the edges ``(qa, kb)``,
     one of them of several images, are one shape when the invariant distance of their means
@@ -249,7 +250,9 @@ def _merge_pieces(X, comp, qa, kb, noise, grid, refine_grid, batch_size):
     pooled over the pieces the copy edges made (:func:`_piece_means`), at most the largest of
     as many draws of it as pairs are tested (a gamma law of its mean and spread), and only
     where it is within the measured ``noise``. The copies measure their noise themselves:
-    detail the noise estimate took for noise is no copy's scatter."""
+    detail the noise estimate took for noise is no copy's scatter. A single image joins at
+    most one piece, the one that explains it best (:func:`_best_explained`); ``excess_ab``:
+    each edge's squared distance less its resampling residual."""
     comp = np.unique(comp, return_inverse=True)[1]
     measured = None
     while True:
@@ -287,6 +290,8 @@ def _merge_pieces(X, comp, qa, kb, noise, grid, refine_grid, batch_size):
             excess[s0:s0 + len(A)] = (d2 - e2).cpu().numpy()
         tol = unit * (1.0 / size[pairs[:, 0]] + 1.0 / size[pairs[:, 1]])
         ok = excess <= tol
+        ok &= _best_explained(pairs, size, excess, ok, comp[qa], comp[kb], excess_ab,
+                              measured[0])
         if not ok.any():
             return comp
         m = size.size
@@ -294,6 +299,45 @@ def _merge_pieces(X, comp, qa, kb, noise, grid, refine_grid, batch_size):
             coo_matrix((np.ones(int(ok.sum())), (pairs[ok, 0], pairs[ok, 1])), shape=(m, m)),
             directed=False)
         comp = joined[comp]
+
+
+def _best_explained(pairs, size, excess, ok, a, b, excess_ab, s2):
+    """Which of the pairs of pieces ``pairs`` that passed (``ok``) stay joined: all those of
+    two pieces of several images, and for a single image, only its pair with the piece whose
+    mean explains it best, and only where that mean explains it better than any other single
+    image near it that the same piece does not take. Each explanation is the distance less
+    the noise it holds, the pair's ``excess`` less ``s2 (1 + 1 / n_A)`` for a piece's mean,
+    and ``excess_ab`` less ``2 s2`` for an edge ``(a, b)`` of two single images: a copy of
+    another image that lies within the copies' scatter of a piece's mean is still nearer the
+    other copies of its own image. ``s2``: the copies' measured scatter."""
+    keep = ok.copy()
+    single = size[pairs] == 1
+    one = ok & (single[:, 0] != single[:, 1])
+    if not one.any():
+        return keep
+    lone = np.where(single[:, 0], pairs[:, 0], pairs[:, 1])[one]
+    piece = np.where(single[:, 0], pairs[:, 1], pairs[:, 0])[one]
+    score = excess[one] - s2 * (1.0 + 1.0 / size[piece])
+    # the best piece of each single image: the lowest score, the lowest label on ties
+    order = np.lexsort((piece, score, lone))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = lone[order][1:] != lone[order][:-1]
+    best = np.full(size.size, -1, dtype=np.int64)
+    best_score = np.full(size.size, np.inf)
+    best[lone[order][first]] = piece[order][first]
+    best_score[lone[order][first]] = score[order][first]
+    # the other single images near each: their edges, less the noise of two images, where
+    # the best piece of the one does not take the other too
+    both = (a != b) & (size[a] == 1) & (size[b] == 1)
+    u = np.concatenate([a[both], b[both]])
+    v = np.concatenate([b[both], a[both]])
+    alt_score = np.tile(excess_ab[both] - 2.0 * s2, 2)
+    taken = (best[u] >= 0) & (best[v] == best[u])
+    alternative = np.full(size.size, np.inf)
+    np.minimum.at(alternative, u[~taken], alt_score[~taken])
+    stays = (piece == best[lone]) & (score < alternative[lone])
+    keep[np.flatnonzero(one)] = stays
+    return keep
 
 
 def _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size, scatter=True):
