@@ -323,9 +323,7 @@ def _best_explained(pairs, size, excess, ok, a, b, excess_ab, s2):
     first = np.ones(order.size, dtype=bool)
     first[1:] = lone[order][1:] != lone[order][:-1]
     best = np.full(size.size, -1, dtype=np.int64)
-    best_score = np.full(size.size, np.inf)
     best[lone[order][first]] = piece[order][first]
-    best_score[lone[order][first]] = score[order][first]
     # the other single images near each: their edges, less the noise of two images, where
     # the best piece of the one does not take the other too
     both = (a != b) & (size[a] == 1) & (size[b] == 1)
