@@ -43,7 +43,7 @@ from scipy.stats import gamma
 from . import _memory
 from ._duplicates import first_of_each
 from .search import candidate_search, refine_pairs
-from .transforms import fast_warp, invert_se2
+from .transforms import compose_se2, fast_warp, invert_se2
 
 # The turn that bounds the resampling residual of any alignment, for the shortlist of edges
 # refined, in degrees (at most the searched range): bilinear interpolation blurs alike at any
@@ -180,13 +180,31 @@ def align(Q: torch.Tensor, K: torch.Tensor, grid, refine_grid, batch_size=None):
     return p.to(Q.dtype)
 
 
+def pair_distances(X, qi, kj, params):
+    """``||X[qi] - T X[kj]||^2`` for the pairs ``(qi, kj)`` and their alignments ``params``
+    ``(m, 3)``, in memory-bounded blocks of pairs."""
+    m = qi.shape[0]
+    out = torch.empty(m, dtype=X.dtype, device=X.device)
+    p = params[:, :3].to(X.dtype)
+    starts, step = _blocks(m, X)
+    for s in starts:
+        sl = slice(s, s + step)
+        r = X[qi[sl]] - fast_warp(X[kj[sl]], p[sl])
+        out[sl] = torch.linalg.vector_norm(r.reshape(r.shape[0], -1), dim=1).pow(2)
+    return out
+
+
 def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Tensor, grid,
-                refine_grid, noise: Noise, batch_size=None):
+                refine_grid, noise: Noise, batch_size=None, given=None):
     """The shapes of the images ``X`` from their invariant kNN graph on the grid (``D``:
     squared distances, ``idx``: neighbours, ``P``: alignments, each ``(n, k)``): ``rep``, each
     image's shape as its first image (lowest index), or None where every image is its own
     shape. ``refine_grid``: the grid of the refinement (none where ``refine=False``);
-    ``noise``: :func:`measure_noise`; ``batch_size``: the search's."""
+    ``noise``: :func:`measure_noise`; ``batch_size``: the search's. ``given``: where ``X``
+    was centred, ``(G, c)``, the images as given (filtered alike) and the ``(n, 3)`` shifts
+    with ``X = warp(G, c)``: the copy test then compares the images as given, under the
+    alignment composed with the two centring shifts (one interpolation, as for uncentred
+    copies, not three)."""
     n, k = idx.shape
     if n < 2 or k == 0:
         return None
@@ -213,7 +231,14 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
         better = d_ref.double() < d_pair
         d_pair = torch.where(better, d_ref.double(), d_pair)
         p_pair = torch.where(better[:, None], p_ref.to(p_pair.dtype), p_pair)
-    resampled = alignment_residual(X, qi, kj, p_pair).double().pow(2)
+    if given is not None:
+        G, c = given
+        c = c.to(p_pair.dtype)
+        p_given = compose_se2(invert_se2(c[qi]), compose_se2(p_pair[:, :3], c[kj]))
+        d_pair = pair_distances(G, qi, kj, p_given).double()
+        resampled = alignment_residual(G, qi, kj, p_given).double().pow(2)
+    else:
+        resampled = alignment_residual(X, qi, kj, p_pair).double().pow(2)
     # the noise: as measured, and no more than the shortest edge the resampling leaves
     # unexplained (the edges not refined are such edges, at their grid distance)
     rest = d2[finite & ~maybe]

@@ -391,6 +391,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         filt = RadialWiener(self._noise_level(X1, offsets, rows, dev),
                             image_shape=self.image_shape_).fit_tensor(
             Xu, getattr(self, "feature_names_in_", None))
+        # where the fit centres, the copies are told apart on the images as given (_shapes)
+        given = (X1, offsets) if offsets is not None else None
         del X1
         t0 = time.perf_counter()
         # the grouping's Leiden runs on a large graph go to worker processes: on a card they
@@ -404,7 +406,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             # 1. search: the invariant kNN graph of one representative of each group of (near)
             # duplicates, in the search's frame (rotations turn about its geometric centre)
             Xt, Xown, rows, knn, plan = self._search_stage(self._framed(Xu), rows, grid, filt,
-                                                           t0)
+                                                           t0, given)
+            del given
             del Xu
             release()
             # 2. bandwidth
@@ -508,18 +511,21 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                   f"({time.perf_counter() - t0:.1f} s)")
         return Xu, rows.reordered(order)
 
-    def _search_stage(self, Xu, rows, grid, filt, t0):
+    def _search_stage(self, Xu, rows, grid, filt, t0, given=None):
         """``(Xt, Xown, rows, (D, idx, P), plan)``: the invariant kNN graph (squared distances,
         neighbours, grid alignments) of the representatives ``Xt``, the first image of each
         shape (:mod:`~invariant_cluster._shapes`: the groups of copies) of the distinct
         images ``Xu`` (whose rows they reuse), the other copies' own images ``Xown`` (None
         without any), ``rows`` with the representatives, and the plan of the last full
-        search. ``filt``: the fitted noise filter, whose noise sets the copies' tolerance."""
+        search. ``filt``: the fitted noise filter, whose noise sets the copies' tolerance;
+        ``given``: ``(X1, offsets)``, the validated samples and their centring offsets where
+        the fit centres them."""
         k = self._k(rows.n_rows)
         plan, knn = self._search(Xu, grid, k)
         noise = measure_noise(filt, self.image_shape_, Xu.device, Xu.dtype, pad=self._framed)
         dup = find_shapes(Xu, *knn, grid, self._grid(self.refine), noise,
-                          batch_size=self.batch_size)
+                          batch_size=self.batch_size,
+                          given=self._given_images(given, rows, filt, Xu.device))
         Xt, Xown = Xu, None
         if dup is not None:
             rows = rows.with_representatives(dup)
@@ -533,6 +539,19 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             self._log(f"{rows.n_rows} shapes of {rows.n_distinct} distinct images")
         self._log(f"kNN graph (k={k}): {time.perf_counter() - t0:.1f} s")
         return Xt, Xown, rows, knn, plan
+
+    def _given_images(self, given, rows, filt, dev):
+        """``(G, c)`` for :func:`~invariant_cluster._shapes.find_shapes`: the distinct images
+        as given, filtered and framed as the fit's, and the shifts that centred them; None
+        where the fit does not centre."""
+        if given is None:
+            return None
+        X1, offsets = given
+        G = self._tensor(X1[rows.distinct_samples], dev)
+        if not filt.is_identity:
+            filt.filter_tensor(G, in_place=True)
+        c = shift_params(-offsets[rows.distinct_samples])
+        return self._framed(G), torch.as_tensor(c, dtype=G.dtype, device=dev)
 
     def _group_stage(self, Xt, knn, M, grid, seed, workers, t0, rows):
         """The grouping (:class:`_Grouped`) of the kNN graph ``knn`` of the images ``Xt``

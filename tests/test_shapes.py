@@ -104,6 +104,42 @@ def test_copies_at_any_angle_are_their_shapes(k, sizes, noise, shift, seed):
 
 
 @pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
+@pytest.mark.parametrize("seed", [60, 61, 62, 63])
+@pytest.mark.parametrize("k, sizes", [(8, (3,) * 8), (5, (4, 12, 3, 40, 6)), (12, (3,) * 12)])
+def test_clean_shifted_copies_are_their_shapes(k, sizes, seed):
+    # centring moves each copy by its own fraction of a pixel: on the centred images two
+    # copies differ by three interpolations, on the images as given by one, as copies that
+    # are not centred do, which the edge's own round trip bounds
+    X, y = _copy_set(_mnist(), k, sizes, seed, shift=2)
+    est = _fit(X, max_translation=2)
+    assert est.center_ is True
+    assert est.n_shapes_ == k and _same_partition(y, est.shape_labels_)
+    assert est.n_clusters_ == k and _same_partition(y, est.labels_)
+
+
+@pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
+@pytest.mark.parametrize("k, c, seed", [(3, 4, 51), (6, 3, 52), (10, 8, 53)])
+def test_exact_turns_and_shifts_of_centred_images_are_one_shape_each(k, c, seed):
+    # quarter turns and whole-pixel shifts are exact group elements, whatever fraction of a
+    # pixel the centring moves each copy by
+    rng = np.random.default_rng(seed)
+    images = _mnist()
+    # digits 2 px or more from the frame, which the shifts of 2 px keep whole
+    ink = images > 0
+    rows, cols = ink.any(2), ink.any(1)
+    inside = ~(rows[:, :2].any(1) | rows[:, -2:].any(1) | cols[:, :2].any(1)
+               | cols[:, -2:].any(1))
+    picks = rng.choice(np.flatnonzero(inside), k, replace=False)
+    X = np.stack([np.roll(np.rot90(images[i], j % 4), tuple(rng.integers(-2, 3, 2)), (0, 1))
+                  for i in picks for j in range(c)])
+    y = np.repeat(np.arange(k), c)
+    est = _fit(X, max_translation=2)
+    assert est.center_ is True
+    assert est.n_shapes_ == k and _same_partition(y, est.shape_labels_)
+    assert est.n_clusters_ == k and _same_partition(y, est.labels_)
+
+
+@pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
 def test_noise_is_measured_before_centring():
     # centring shifts each image by a fraction of a pixel, whose interpolation takes the
     # noise's highest frequencies, where it is read (0.035 for 0.1 when read after)
