@@ -16,7 +16,10 @@ resampling and the noise put between two copies of one image, both measured on t
   noise).
 
 An edge is a copy edge when ``d_ij^2 <= e_ij^2 + noise``; the connected components of the copy
-edges are the shapes' first pieces (an exact duplicate is a copy under the identity). Only the
+edges are the shapes' first pieces (an exact duplicate is a copy under the identity). Where the
+fit centred the images, ``d_ij`` and ``e_ij`` are measured on the images as given, under the
+edge's alignment composed with the two centring shifts: a centred copy carries the blur of its
+own shift, and two of them differ by three interpolations where the round trip counts two. Only the
 edges whose grid distance can still be a copy's are refined: by the triangle inequality the
 grid leaves a copy at most ``g_j = ||x_j - T_g x_j||`` (``T_g``: half a grid step of rotation,
 half a pixel of shift) farther than the refinement, and the residual of a turn is bounded by
