@@ -276,8 +276,9 @@ def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_si
     is within the resampling residual of their alignment and the noise of two means,
     ``s^2 (1 / n_A + 1 / n_B)``: ``s^2`` the scatter of a copy about its piece's mean,
     pooled over the pieces the copy edges made (:func:`_piece_means`), at most the largest of
-    as many draws of it as pairs are tested (a gamma law of its mean and spread), and only
-    where it is within the measured ``noise``. The copies measure their noise themselves:
+    as many draws of it as copies were measured (a gamma law of its mean and spread; one
+    bound for every round, whatever the number of pairs it tests), and only where it is
+    within the measured ``noise``. The copies measure their noise themselves:
     detail the noise estimate took for noise is no copy's scatter. A single image joins at
     most one piece, the one that explains it best (:func:`_best_explained`); ``excess_ab``:
     each edge's squared distance less its resampling residual."""
@@ -304,8 +305,8 @@ def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_si
                     scatter.size):
                 return comp
             measured = float(scatter.mean()), float(scatter.std())
-        # at most the largest of as many draws as pairs are tested
-        unit = _gamma_quantile(*measured, 1.0 - 1.0 / (len(pairs) + 1))
+            # the largest of as many draws as copies were measured
+            unit = _gamma_quantile(*measured, 1.0 - 1.0 / (scatter.size + 1))
         excess = np.empty(len(pairs))
         starts, step = _blocks(len(pairs), M)
         for s0 in starts:
