@@ -185,10 +185,10 @@ def align(Q: torch.Tensor, K: torch.Tensor, grid, refine_grid, batch_size=None):
 
 def pair_distances(X, qi, kj, params):
     """``||X[qi] - T X[kj]||^2`` for the pairs ``(qi, kj)`` and their alignments ``params``
-    ``(m, 3)``, in memory-bounded blocks of pairs."""
+    ``(m, 3)``, or ``(m, 4)`` with mirror bits, in memory-bounded blocks of pairs."""
     m = qi.shape[0]
     out = torch.empty(m, dtype=X.dtype, device=X.device)
-    p = params[:, :3].to(X.dtype)
+    p = params.to(X.dtype)
     starts, step = _blocks(m, X)
     for s in starts:
         sl = slice(s, s + step)
@@ -237,7 +237,7 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
     if given is not None:
         G, c = given
         c = c.to(p_pair.dtype)
-        p_given = compose_se2(invert_se2(c[qi]), compose_se2(p_pair[:, :3], c[kj]))
+        p_given = compose_se2(invert_se2(c[qi]), compose_se2(p_pair, c[kj]))
         d_pair = pair_distances(G, qi, kj, p_given).double()
         resampled = alignment_residual(G, qi, kj, p_given).double().pow(2)
     else:

@@ -118,6 +118,19 @@ def test_clean_shifted_copies_are_their_shapes(k, sizes, seed):
 
 
 @pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
+@pytest.mark.parametrize("seed", [60, 61])
+def test_clean_shifted_mirrored_copies_are_their_shapes(seed):
+    # every other copy mirrored: the alignment composed with the centring shifts keeps its
+    # mirror (E(2))
+    X, y = _copy_set(_mnist(), 5, (4, 3, 6, 3, 5), seed, shift=2)
+    X[::2] = X[::2, :, ::-1]
+    est = _fit(X, max_translation=2, reflection=True)
+    assert est.center_ is True
+    assert est.n_shapes_ == 5 and _same_partition(y, est.shape_labels_)
+    assert est.n_clusters_ == 5 and _same_partition(y, est.labels_)
+
+
+@pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
 @pytest.mark.parametrize("k, c, seed", [(3, 4, 51), (6, 3, 52), (10, 8, 53)])
 def test_exact_turns_and_shifts_of_centred_images_are_one_shape_each(k, c, seed):
     # quarter turns and whole-pixel shifts are exact group elements, whatever fraction of a
