@@ -44,7 +44,9 @@ Exact copies (``--exact``): each shape in ``c`` quarter turns (``np.rot90``, the
 stored again), at the estimator's defaults. Augmented sets (``--augmented C ...``): rotated MNIST
 2,000 (``rotated45``), and with ``--fashion`` Fashion-MNIST 3,000 within +-15 degrees and +-1 px
 (``bench_large``'s search), each image stored in ``C`` warped copies, next to ``C = 1``; the
-estimator is also fitted with ``n_clusters=10``.
+estimator is also fitted with ``n_clusters=10``. ``--single-warps W`` also fits the single set
+under the warps ``j = 1 .. W - 1`` of the copies, each alone: the spread of its ACC over the
+warps is the resolution of a comparison of the copies with the single set.
 
 Duplicates and order (``--duplicates``): on copy sets (k in 2, 5, 12; c in 3, 12, 40; digits8
 and mnist_rot; clean) and on rotated MNIST (``--duplicates-natural-n``, seed 0), the estimator
@@ -59,6 +61,8 @@ again.
     python benchmarks/bench_count.py --no-sweep --exact --given --seed 7  # run exact_seed7
     python benchmarks/bench_count.py --no-sweep --augmented 2 8 16 32 --fashion \
         --methods estimator leiden_modularity --seed 7                    # run augmented_seed7
+    python benchmarks/bench_count.py --no-sweep --augmented 8 --fashion --single-warps 8 \
+        --methods estimator --seed 47 --run augmented8_seed47_warps
     python benchmarks/bench_count.py --no-sweep --duplicates --duplicates-all \
         --duplicates-natural-n 0                                          # run duplicates
 
@@ -160,10 +164,11 @@ def exact_copy_set(kind, k, c, seed, data=None):
     return X.astype(np.float32), np.repeat(np.arange(k), c)
 
 
-def augmented_set(variant, n, copies, seed, data=None):
+def augmented_set(variant, n, copies, seed, data=None, first=0):
     """``bench_clustering``'s ``variant`` set of ``n`` images, each stored in ``copies``
-    warped copies (``make_transformed`` of the whole set, seeds ``seed * 100 + j``, within the
-    variant's own range, or +-15 degrees and +-1 px for Fashion-MNIST); and the classes."""
+    warped copies (``make_transformed`` of the whole set, seeds ``seed * 100 + j`` for ``j``
+    from ``first``, within the variant's own range, or +-15 degrees and +-1 px for
+    Fashion-MNIST); and the classes."""
     from invariant_cluster.datasets import make_transformed
 
     X, y = make_variant(variant, n, seed, data)
@@ -171,7 +176,7 @@ def augmented_set(variant, n, copies, seed, data=None):
     rot, shift = (spec["rotate"], spec["shift"]) if spec["rotate"] else (15.0, 1.0)
     X = np.concatenate([make_transformed(X, max_rotation=rot, max_translation=shift,
                                          random_state=seed * 100 + j)[0]
-                        for j in range(copies)])
+                        for j in range(first, first + copies)])
     return X.astype(np.float32), np.tile(y, copies)
 
 
@@ -650,6 +655,9 @@ def main(argv=None):
     p.add_argument("--augmented", nargs="+", type=int, default=[],
                    help="natural sets each stored in C warped copies, for each C given "
                         "(rotated MNIST 2,000; with --fashion also Fashion-MNIST 3,000)")
+    p.add_argument("--single-warps", type=int, default=1,
+                   help="with --augmented: the single set (C = 1) also under warps 1 to W - 1, "
+                        "each fitted alone (kind VARIANT_warps)")
     p.add_argument("--duplicates", action="store_true",
                    help="duplicates and order (copy sets filtered by --kinds/--shapes/--copies)")
     p.add_argument("--duplicates-all", action="store_true",
@@ -714,6 +722,14 @@ def main(argv=None):
             X, y = augmented_set(variant, n, c, args.seed, args.data)
             base = {"set": f"{variant} n={n} x{c} seed={args.seed}", "kind": f"{variant}_aug",
                     "copies": c, "noise": 0.0, "seed": args.seed}
+            result["rows"] += run_methods(X, y, search, args.seed, base, given_k=10,
+                                          methods=args.methods)
+            save()
+        # the single set under each other warp: how far its ACC moves with the warp alone
+        for j in range(1, args.single_warps):
+            X, y = augmented_set(variant, n, 1, args.seed, args.data, first=j)
+            base = {"set": f"{variant} n={n} x1 warp={j} seed={args.seed}",
+                    "kind": f"{variant}_warps", "copies": 1, "noise": 0.0, "seed": args.seed}
             result["rows"] += run_methods(X, y, search, args.seed, base, given_k=10,
                                           methods=args.methods)
             save()
