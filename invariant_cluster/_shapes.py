@@ -35,6 +35,7 @@ read as noise joins nothing. The measurements behind the rule: ``docs/design/sha
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -56,6 +57,16 @@ PROBE_ROTATION = 45.0
 _NOISE_DRAWS = 64
 # Frame pixels count as kept by a warp where it keeps at least this much of their weight
 _KEPT = 1 - 1e-3
+
+
+def copy_grid(refine_grid):
+    """``refine_grid`` with the bounds of the transformations between two copies of one image,
+    each within its searched range: twice the turn (at most the full circle) and ``1 + sqrt 2``
+    times the shift (a shift within ``+-s`` turned by any angle reaches ``s sqrt 2`` on an
+    axis). The copies' refinement and alignments move within them."""
+    return dataclasses.replace(
+        refine_grid, max_rotation=min(180.0, 2.0 * float(refine_grid.max_rotation)),
+        max_translation=(1.0 + np.sqrt(2.0)) * float(refine_grid.max_translation))
 
 
 def _probe_params(grid, n, half_step=False):
@@ -229,6 +240,8 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
     kj = idx.reshape(-1)[pairs]
     d_pair = d2.reshape(-1)[pairs]
     p_pair = P.reshape(n * k, -1)[pairs]
+    # two copies of one image may be up to twice the searched range apart
+    refine_grid = copy_grid(refine_grid)
     if refine_grid.refine and any(refine_grid.free):
         d_ref, p_ref = refine_pairs(X, X, qi, kj, p_pair, refine_grid)
         better = d_ref.double() < d_pair

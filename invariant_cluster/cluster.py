@@ -56,7 +56,7 @@ from ._iteration import (  # noqa: F401 - the iteration's names, importable from
 from ._leiden import leiden_workers
 from ._means import cluster_means
 from ._progress import progress, progress_bar
-from ._shapes import align, find_shapes, measure_noise
+from ._shapes import align, copy_grid, find_shapes, measure_noise
 from ._threads import thread_limit
 from ._utils import resolve_device
 from ._weights import attention_weights, calibrate_bandwidth  # noqa: F401 - as before
@@ -672,7 +672,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         reps = torch.as_tensor(rows.row_of_distinct[own], device=dev)
         # the representative warped onto the copy (its pose, refined: a copy may be turned by
         # any angle), then the copy onto its centre
-        to_own = self._align(Xown, Xt[reps])
+        to_own = self._align(Xown, Xt[reps], True)
         Mown = fast_warp(M[reps], to_own.to(M.dtype))
         C = centers[torch.as_tensor(labels[rows.row_of_distinct[own]], device=dev)]
         p = self._align(C, Xown)
@@ -745,17 +745,20 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         first = Xt[multi]
         target = first
         for round_ in range(2):
-            total = first if round_ == 0 else fast_warp(first, self._align(target, first))
+            total = first if round_ == 0 else fast_warp(first, self._align(target, first, True))
             total = total * w_first.to(Xt.dtype)[:, None, None, None]
-            total.index_add_(0, lab, fast_warp(Xown, self._align(target[lab], Xown))
+            total.index_add_(0, lab, fast_warp(Xown, self._align(target[lab], Xown, True))
                              * w_own.to(Xt.dtype)[:, None, None, None])
             target = total
         return multi, target
 
-    def _align(self, Q, K):
+    def _align(self, Q, K, copies=False):
         """The alignments ``(m, 3)`` that warp each image of ``K`` onto the image of ``Q`` in
-        its row: the grid search, then the refinement (``refine``)."""
-        return align(Q, K, self._grid(refine=False), self._grid(self.refine), self.batch_size)
+        its row: the grid search, then the refinement (``refine``; with ``copies``, within the
+        range two copies of one image span, :func:`~invariant_cluster._shapes.copy_grid`)."""
+        refine_grid = self._grid(self.refine)
+        return align(Q, K, self._grid(refine=False),
+                     copy_grid(refine_grid) if copies else refine_grid, self.batch_size)
 
     def fit_predict(self, X, y=None):
         """Fit and return ``labels_``."""

@@ -153,6 +153,28 @@ def test_exact_turns_and_shifts_of_centred_images_are_one_shape_each(k, c, seed)
 
 
 @pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
+@pytest.mark.parametrize("k, seed", [(4, 70), (8, 71)])
+def test_copies_within_the_searched_range_of_one_image_are_its_shape(k, seed):
+    # each copy within +-15 degrees and +-1 px of its image, the copies up to 28 degrees and
+    # 2 px apart, not centred: the copies' refinement spans the range two searched
+    # transformations compose to (before it, every copy was a shape of its own)
+    import torch
+
+    from invariant_cluster.transforms import warp_se2
+
+    images = _mnist()
+    picks = np.random.default_rng(seed).choice(len(images), k, replace=False)
+    base = torch.as_tensor(images[picks][:, None])
+    poses = [(-14.0, -1.0, 0.9), (14.0, 1.0, -0.9), (0.0, 0.9, 1.0)]
+    X = torch.cat([warp_se2(base, torch.tensor([p] * k)) for p in poses], 1)
+    X = X.reshape(k * len(poses), 28, 28).numpy()
+    y = np.repeat(np.arange(k), len(poses))
+    est = _fit(X, max_rotation=15, n_rotations=7, max_translation=1, center=False)
+    assert est.n_shapes_ == k and _same_partition(y, est.shape_labels_)
+    assert est.n_clusters_ == k and _same_partition(y, est.labels_)
+
+
+@pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
 def test_noise_is_measured_before_centring():
     # centring shifts each image by a fraction of a pixel, whose interpolation takes the
     # noise's highest frequencies, where it is read (0.035 for 0.1 when read after)
