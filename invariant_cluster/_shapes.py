@@ -36,6 +36,7 @@ read as noise joins nothing. The measurements behind the rule: ``docs/design/sha
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -208,6 +209,34 @@ def pair_distances(X, qi, kj, params):
     return out
 
 
+class Given(NamedTuple):
+    """The images of a centred fit as given: ``images(rows)``, those of the rows (a NumPy
+    array of indices of the fit's images) filtered and framed as the fit's, made when asked
+    (a block of pairs at a time, not a second copy of the data), and ``shifts``, the ``(n, 3)``
+    centring shifts with ``X = warp(images, shifts)``."""
+
+    images: Callable[[np.ndarray], torch.Tensor]
+    shifts: torch.Tensor
+
+
+def _given_distances(given, qi, kj, params, X):
+    """``(d^2, e^2)`` of the pairs ``(qi, kj)`` on the images as given under ``params``
+    (float64), the images of each memory-bounded block of pairs made once."""
+    m = qi.shape[0]
+    d2 = torch.empty(m, dtype=torch.float64, device=X.device)
+    e2 = torch.empty_like(d2)
+    starts, step = _blocks(m, X)
+    for s in starts:
+        sl = slice(s, s + step)
+        nq = qi[sl].shape[0]
+        rows, local = torch.unique(torch.cat([qi[sl], kj[sl]]), return_inverse=True)
+        G = given.images(rows.cpu().numpy())
+        lq, lk = local[:nq], local[nq:]
+        d2[sl] = pair_distances(G, lq, lk, params[sl]).double()
+        e2[sl] = alignment_residual(G, lq, lk, params[sl]).double().pow(2)
+    return d2, e2
+
+
 def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Tensor, grid,
                 refine_grid, noise: Noise, batch_size=None, given=None):
     """The shapes of the images ``X`` from their invariant kNN graph on the grid (``D``:
@@ -215,10 +244,9 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
     image's shape as its first image (lowest index), or None where every image is its own
     shape. ``refine_grid``: the grid of the refinement (none where ``refine=False``);
     ``noise``: :func:`measure_noise`; ``batch_size``: the search's. ``given``: where ``X``
-    was centred, ``(G, c)``, the images as given (filtered alike) and the ``(n, 3)`` shifts
-    with ``X = warp(G, c)``: the copy test then compares the images as given, under the
-    alignment composed with the two centring shifts (one interpolation, as for uncentred
-    copies, not three)."""
+    was centred, the :class:`Given` images: the copy test then compares the images as given,
+    under the alignment composed with the two centring shifts (one interpolation, as for
+    uncentred copies, not three)."""
     n, k = idx.shape
     if n < 2 or k == 0:
         return None
@@ -248,11 +276,9 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
         d_pair = torch.where(better, d_ref.double(), d_pair)
         p_pair = torch.where(better[:, None], p_ref.to(p_pair.dtype), p_pair)
     if given is not None:
-        G, c = given
-        c = c.to(p_pair.dtype)
+        c = given.shifts.to(device=p_pair.device, dtype=p_pair.dtype)
         p_given = compose_se2(invert_se2(c[qi]), compose_se2(p_pair, c[kj]))
-        d_pair = pair_distances(G, qi, kj, p_given).double()
-        resampled = alignment_residual(G, qi, kj, p_given).double().pow(2)
+        d_pair, resampled = _given_distances(given, qi, kj, p_given, X)
     else:
         resampled = alignment_residual(X, qi, kj, p_pair).double().pow(2)
     # the noise: as measured, and no more than the shortest edge the resampling leaves

@@ -56,7 +56,7 @@ from ._iteration import (  # noqa: F401 - the iteration's names, importable from
 from ._leiden import leiden_workers
 from ._means import cluster_means
 from ._progress import progress, progress_bar
-from ._shapes import align, copy_grid, find_shapes, measure_noise
+from ._shapes import Given, align, copy_grid, find_shapes, measure_noise
 from ._threads import thread_limit
 from ._utils import resolve_device
 from ._weights import attention_weights, calibrate_bandwidth  # noqa: F401 - as before
@@ -391,7 +391,9 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         filt = RadialWiener(self._noise_level(X1, offsets, rows, dev),
                             image_shape=self.image_shape_).fit_tensor(
             Xu, getattr(self, "feature_names_in_", None))
-        # where the fit centres, the copies are told apart on the images as given (_shapes)
+        # where the fit centres, the copies are told apart on the images as given (_shapes):
+        # the validated input is held until the shapes are found, and its images are filtered
+        # a block of pairs at a time
         given = (X1, offsets) if offsets is not None else None
         del X1
         t0 = time.perf_counter()
@@ -541,17 +543,23 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         return Xt, Xown, rows, knn, plan
 
     def _given_images(self, given, rows, filt, dev):
-        """``(G, c)`` for :func:`~invariant_cluster._shapes.find_shapes`: the distinct images
-        as given, filtered and framed as the fit's, and the shifts that centred them; None
-        where the fit does not centre."""
+        """:class:`~invariant_cluster._shapes.Given` for :func:`find_shapes`: the distinct
+        images as given, filtered and framed as the fit's when asked, and the shifts that
+        centred them; None where the fit does not centre."""
         if given is None:
             return None
         X1, offsets = given
-        G = self._tensor(X1[rows.distinct_samples], dev)
-        if not filt.is_identity:
-            filt.filter_tensor(G, in_place=True)
-        c = shift_params(-offsets[rows.distinct_samples])
-        return self._framed(G), torch.as_tensor(c, dtype=G.dtype, device=dev)
+        samples = rows.distinct_samples
+
+        def images(picked):
+            G = self._tensor(X1[samples[picked]], dev)
+            if not filt.is_identity:
+                filt.filter_tensor(G, in_place=True)
+            return self._framed(G)
+
+        dtype = torch.float64 if X1.dtype == np.float64 else torch.float32
+        return Given(images, torch.as_tensor(shift_params(-offsets[samples]), dtype=dtype,
+                                             device=dev))
 
     def _group_stage(self, Xt, knn, M, grid, seed, workers, t0, rows):
         """The grouping (:class:`_Grouped`) of the kNN graph ``knn`` of the images ``Xt``
