@@ -196,16 +196,16 @@ def align(Q: torch.Tensor, K: torch.Tensor, grid, refine_grid, batch_size=None):
 
 
 def pair_distances(X, qi, kj, params):
-    """``||X[qi] - T X[kj]||^2`` for the pairs ``(qi, kj)`` and their alignments ``params``
-    ``(m, 3)``, or ``(m, 4)`` with mirror bits, in memory-bounded blocks of pairs."""
+    """``||X[qi] - T X[kj]||^2`` (float64) for the pairs ``(qi, kj)`` and their alignments
+    ``params`` ``(m, 3)``, or ``(m, 4)`` with mirror bits, in memory-bounded blocks of pairs."""
     m = qi.shape[0]
-    out = torch.empty(m, dtype=X.dtype, device=X.device)
+    out = torch.empty(m, dtype=torch.float64, device=X.device)
     p = params.to(X.dtype)
     starts, step = _blocks(m, X)
     for s in starts:
         sl = slice(s, s + step)
         r = X[qi[sl]] - fast_warp(X[kj[sl]], p[sl])
-        out[sl] = torch.linalg.vector_norm(r.reshape(r.shape[0], -1), dim=1).pow(2)
+        out[sl] = torch.linalg.vector_norm(r.reshape(r.shape[0], -1), dim=1).double().pow(2)
     return out
 
 
@@ -232,7 +232,7 @@ def _given_distances(given, qi, kj, params, X):
         rows, local = torch.unique(torch.cat([qi[sl], kj[sl]]), return_inverse=True)
         G = given.images(rows.cpu().numpy())
         lq, lk = local[:nq], local[nq:]
-        d2[sl] = pair_distances(G, lq, lk, params[sl]).double()
+        d2[sl] = pair_distances(G, lq, lk, params[sl])
         e2[sl] = alignment_residual(G, lq, lk, params[sl]).double().pow(2)
     return d2, e2
 
@@ -352,8 +352,7 @@ def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_si
             A = torch.as_tensor(at[pairs[s0:s0 + step, 0]], device=X.device)
             B = torch.as_tensor(at[pairs[s0:s0 + step, 1]], device=X.device)
             p = align(M[A], M[B], grid, refine_grid, batch_size)
-            d2 = torch.linalg.vector_norm((M[A] - fast_warp(M[B], p)).reshape(len(A), -1),
-                                          dim=1).double().pow(2)
+            d2 = pair_distances(M, A, B, p)
             e2 = alignment_residual(M, A, B, p).double().pow(2)
             excess[s0:s0 + len(A)] = (d2 - e2).cpu().numpy()
         tol = unit * (1.0 / size[pairs[:, 0]] + 1.0 / size[pairs[:, 1]])

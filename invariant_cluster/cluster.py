@@ -680,7 +680,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         reps = torch.as_tensor(rows.row_of_distinct[own], device=dev)
         # the representative warped onto the copy (its pose, refined: a copy may be turned by
         # any angle), then the copy onto its centre
-        to_own = self._align(Xown, Xt[reps], True)
+        to_own = self._align(Xown, Xt[reps], copies=True)
         Mown = fast_warp(M[reps], to_own.to(M.dtype))
         C = centers[torch.as_tensor(labels[rows.row_of_distinct[own]], device=dev)]
         p = self._align(C, Xown)
@@ -753,9 +753,10 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         first = Xt[multi]
         target = first
         for round_ in range(2):
-            total = first if round_ == 0 else fast_warp(first, self._align(target, first, True))
+            total = first if round_ == 0 else fast_warp(
+                first, self._align(target, first, copies=True))
             total = total * w_first.to(Xt.dtype)[:, None, None, None]
-            total.index_add_(0, lab, fast_warp(Xown, self._align(target[lab], Xown, True))
+            total.index_add_(0, lab, fast_warp(Xown, self._align(target[lab], Xown, copies=True))
                              * w_own.to(Xt.dtype)[:, None, None, None])
             target = total
         return multi, target
