@@ -27,10 +27,11 @@ the larger of the two images' residuals under a turn of ``min(45, max_rotation)`
 (:func:`resampling_residual`).
 
 With many noisy copies the shortest edge is the lowest of many draws of the noise, and its cap
-cuts one image's copies into pieces. Two pieces an edge joins within the noise are one shape
-when their means are as close as two means of copies are (:func:`_merge_pieces`): the copies'
-own scatter about their pieces' means measures the noise there, so detail the noise estimate
-read as noise joins nothing. The measurements behind the rule: ``docs/design/shapes.rst``.
+cuts one image's copies into pieces, or leaves them single. Two pieces an edge joins within the
+noise are one shape when their means are as close as two means of copies are, two single images
+only where each is the other's best explanation (:func:`_merge_pieces`): the copies' own scatter
+about their pieces' means measures the noise there, so detail the noise estimate read as noise
+joins nothing. The measurements behind the rule: ``docs/design/shapes.rst``.
 """
 
 from __future__ import annotations
@@ -310,27 +311,38 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
 
 def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_size):
     """``comp`` once the pieces (its labels) that are copies of one image are joined, in
-    rounds until none joins. Two pieces ``A``, ``B`` joined by one of the edges ``(qa, kb)``,
-    one of them of several images, are one shape when the invariant distance of their means
-    is within the resampling residual of their alignment and the noise of two means,
-    ``s^2 (1 / n_A + 1 / n_B)``: ``s^2`` the scatter of a copy about its piece's mean,
-    pooled over the pieces the copy edges made (:func:`_piece_means`), at most the largest of
-    as many draws of it as copies were measured (a gamma law of its mean and spread; one
-    bound for every round, whatever the number of pairs it tests), and only where it is
-    within the measured ``noise``. The copies measure their noise themselves:
+    rounds until none joins. Two pieces ``A``, ``B`` joined by one of the edges ``(qa, kb)``
+    are one shape when the invariant distance of their means is within the resampling
+    residual of their alignment and the noise of two means, ``s^2 (1 / n_A + 1 / n_B)``:
+    ``s^2`` the scatter of a copy about its piece's mean, pooled over every piece of several
+    images the copy edges made (:func:`_piece_means`), at most the largest of as many draws
+    of it as copies were measured (a gamma law of its mean and spread; one bound for every
+    round, whatever the number of pairs it tests), and only where it is within the measured
+    ``noise``. The copies measure their noise themselves:
     detail the noise estimate took for noise is no copy's scatter. A single image joins at
-    most one piece, the one that explains it best (:func:`_best_explained`); ``excess_ab``:
-    each edge's squared distance less its resampling residual."""
+    most one piece, the one that explains it best (:func:`_best_explained`), and two single
+    images join only where each is the other's best explanation (:func:`_mutual_singles`):
+    where the shortest edge that caps the noise is a copy pair itself (a near copy of every
+    image), the cap leaves every copy single. ``excess_ab``: each edge's squared distance less
+    its resampling residual."""
     comp = np.unique(comp, return_inverse=True)[1]
     measured = None
     while True:
         size = np.bincount(comp)
         a, b = comp[qa], comp[kb]
-        keep = (a != b) & ((size[a] > 1) | (size[b] > 1))
+        keep = a != b
         if not keep.any():
             return comp
-        pairs = np.unique(np.stack([np.minimum(a, b), np.maximum(a, b)], 1)[keep], axis=0)
-        pieces = np.unique(pairs)
+        pairs, inverse = np.unique(np.stack([np.minimum(a, b), np.maximum(a, b)], 1)[keep],
+                                   axis=0, return_inverse=True)
+        # two single images: the excess of their edge (the lower of its two directions)
+        lone = (size[pairs[:, 0]] == 1) & (size[pairs[:, 1]] == 1)
+        excess = np.full(len(pairs), np.inf)
+        np.minimum.at(excess, inverse.ravel(), excess_ab[keep])
+        pieces = np.unique(pairs[~lone])
+        if measured is None:
+            # the scatter is measured on every piece of several images
+            pieces = np.union1d(pieces, np.flatnonzero(size > 1))
         at = np.full(size.size, -1, dtype=np.int64)
         at[pieces] = np.arange(pieces.size)
         M, scatter = _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size,
@@ -346,19 +358,23 @@ def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_si
             measured = float(scatter.mean()), float(scatter.std())
             # the largest of as many draws as copies were measured
             unit = _gamma_quantile(*measured, 1.0 - 1.0 / (scatter.size + 1))
-        excess = np.empty(len(pairs))
-        starts, step = _blocks(len(pairs), M)
+        # pairs with a piece of several images: the excess of the pieces' means
+        means = pairs[~lone]
+        rest = np.empty(len(means))
+        starts, step = _blocks(len(means), X)
         for s0 in starts:
-            A = torch.as_tensor(at[pairs[s0:s0 + step, 0]], device=X.device)
-            B = torch.as_tensor(at[pairs[s0:s0 + step, 1]], device=X.device)
+            A = torch.as_tensor(at[means[s0:s0 + step, 0]], device=X.device)
+            B = torch.as_tensor(at[means[s0:s0 + step, 1]], device=X.device)
             p = align(M[A], M[B], grid, refine_grid, batch_size)
             d2 = pair_distances(M, A, B, p)
             e2 = alignment_residual(M, A, B, p).double().pow(2)
-            excess[s0:s0 + len(A)] = (d2 - e2).cpu().numpy()
+            rest[s0:s0 + len(A)] = (d2 - e2).cpu().numpy()
+        excess[~lone] = rest
         tol = unit * (1.0 / size[pairs[:, 0]] + 1.0 / size[pairs[:, 1]])
         ok = excess <= tol
         ok &= _best_explained(pairs, size, excess, ok, comp[qa], comp[kb], excess_ab,
                               measured[0])
+        ok &= _mutual_singles(pairs, size, excess, ok, measured[0])
         if not ok.any():
             return comp
         m = size.size
@@ -405,6 +421,32 @@ def _best_explained(pairs, size, excess, ok, a, b, excess_ab, s2):
     return keep
 
 
+def _mutual_singles(pairs, size, excess, ok, s2):
+    """Which of the pairs ``pairs`` that passed (``ok``) stay joined: all but those of two
+    single images, which stay only where each is the other's best explanation among the pairs
+    that passed (a piece's mean scored ``excess - s2 (1 + 1 / n_A)``, a single image
+    ``excess - 2 s2``, as :func:`_best_explained` scores them)."""
+    keep = ok.copy()
+    single = size[pairs] == 1
+    both = ok & single[:, 0] & single[:, 1]
+    if not both.any():
+        return keep
+    u = np.concatenate([pairs[:, 0], pairs[:, 1]])
+    v = np.concatenate([pairs[:, 1], pairs[:, 0]])
+    score = np.tile(excess, 2) - s2 * (1.0 + 1.0 / size[v])
+    sel = np.tile(ok, 2) & (size[u] == 1)
+    u, v, score = u[sel], v[sel], score[sel]
+    # each single image's best partner over the pairs that passed, from either end
+    order = np.lexsort((v, score, u))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = u[order][1:] != u[order][:-1]
+    best = np.full(size.size, -1, dtype=np.int64)
+    best[u[order][first]] = v[order][first]
+    a, b = pairs[both, 0], pairs[both, 1]
+    keep[np.flatnonzero(both)] = (best[a] == b) & (best[b] == a)
+    return keep
+
+
 def _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size, scatter=True):
     """``(M, scatter)``: the mean of each piece of ``pieces`` (labels of ``comp``; ``at``:
     their rows), its images aligned onto its first image, in memory-bounded blocks; and each
@@ -433,7 +475,7 @@ def _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size, scatt
     factor = np.where(size > 1, size / np.maximum(size - 1, 1), 0.0)
     multi = np.flatnonzero(size[pieces] > 1)
     r = X[torch.as_tensor(own[multi], device=dev)] - M[torch.as_tensor(multi, device=dev)]
-    r2 = torch.linalg.vector_norm(r.reshape(len(multi), -1), dim=1).double().pow(2)
+    r2 = torch.linalg.vector_norm(r.flatten(1), dim=1).double().pow(2)
     spread = [r2.cpu().numpy() * factor[pieces[multi]]]
     for mb, p in zip(blocks, poses):
         # each copy as it is against the mean in its pose: its own noise, unsmoothed by a warp

@@ -407,8 +407,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             Xu, rows = self._filter_stage(Xu, rows, filt, t0)
             # 1. search: the invariant kNN graph of one representative of each group of (near)
             # duplicates, in the search's frame (rotations turn about its geometric centre)
-            Xt, Xown, rows, knn, plan = self._search_stage(self._framed(Xu), rows, grid, filt,
-                                                           t0, given)
+            Xt, Xown, rows, knn, plan, noise = self._search_stage(self._framed(Xu), rows, grid,
+                                                                  filt, t0, given)
             del given
             del Xu
             release()
@@ -430,7 +430,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             # heap goes back to the kernel (see _heap.release)
             release()
             # 4. group: Leiden on the samples' graph or its union with the means' graph
-            grouped = self._group_stage(Xt, knn, M, grid, seed, workers, t0, rows)
+            grouped = self._group_stage(Xt, knn, M, grid, seed, workers, t0, rows, shaped, noise)
             release()
             shape_means = self._unframed(Xt).reshape(rows.n_rows, -1).cpu().numpy().copy()
             if shaped is not None:
@@ -514,14 +514,15 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         return Xu, rows.reordered(order)
 
     def _search_stage(self, Xu, rows, grid, filt, t0, given=None):
-        """``(Xt, Xown, rows, (D, idx, P), plan)``: the invariant kNN graph (squared distances,
-        neighbours, grid alignments) of the representatives ``Xt``, the first image of each
-        shape (:mod:`~invariant_cluster._shapes`: the groups of copies) of the distinct
-        images ``Xu`` (whose rows they reuse), the other copies' own images ``Xown`` (None
-        without any), ``rows`` with the representatives, and the plan of the last full
+        """``(Xt, Xown, rows, (D, idx, P), plan, noise)``: the invariant kNN graph (squared
+        distances, neighbours, grid alignments) of the representatives ``Xt``, the first image
+        of each shape (:mod:`~invariant_cluster._shapes`: the groups of copies) of the
+        distinct images ``Xu`` (whose rows they reuse), the other copies' own images ``Xown``
+        (None without any), ``rows`` with the representatives, and the plan of the last full
         search. ``filt``: the fitted noise filter, whose noise sets the copies' tolerance;
         ``given``: ``(X1, offsets)``, the validated samples and their centring offsets where
-        the fit centres them."""
+        the fit centres them. ``noise``: the filtered images'
+        :class:`~invariant_cluster._shapes.Noise`."""
         k = self._k(rows.n_rows)
         plan, knn = self._search(Xu, grid, k)
         noise = measure_noise(filt, self.image_shape_, Xu.device, Xu.dtype, pad=self._framed)
@@ -540,7 +541,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                                                      plan=plan)
             self._log(f"{rows.n_rows} shapes of {rows.n_distinct} distinct images")
         self._log(f"kNN graph (k={k}): {time.perf_counter() - t0:.1f} s")
-        return Xt, Xown, rows, knn, plan
+        return Xt, Xown, rows, knn, plan, noise
 
     def _given_images(self, given, rows, filt, dev):
         """:class:`~invariant_cluster._shapes.Given` for :func:`find_shapes`: the distinct
@@ -561,14 +562,15 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         return Given(images, torch.as_tensor(shift_params(-offsets[samples]), dtype=dtype,
                                              device=dev))
 
-    def _group_stage(self, Xt, knn, M, grid, seed, workers, t0, rows):
+    def _group_stage(self, Xt, knn, M, grid, seed, workers, t0, rows, shaped, noise):
         """The grouping (:class:`_Grouped`) of the kNN graph ``knn`` of the images ``Xt``
-        and their converged means ``M`` (the shapes of ``rows``), once the Leiden workers (if
-        any) have started."""
+        and their converged means ``M`` (the shapes of ``rows``; ``shaped``: the invariant
+        means of those with copies, :meth:`_shape_means`; ``noise``: the filtered images'),
+        once the Leiden workers (if any) have started."""
         stage = progress_bar(1, "grouping", "stage")
         if workers is not None:
             workers.join()
-        grouped = self._group(Xt, knn, M, grid, seed, rows)
+        grouped = self._group(Xt, knn, M, grid, seed, rows, shaped, noise)
         stage.update()
         stage.close()
         self._log(f"{int(grouped.labels.max()) + 1} clusters "
@@ -686,14 +688,19 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         p = self._align(C, Xown)
         return self._unframed(Mown).reshape(len(own), -1).cpu().numpy(), p.cpu().numpy()
 
-    def _group(self, Xt, knn, M, grid, seed, rows):
+    def _group(self, Xt, knn, M, grid, seed, rows, shaped=None, noise=None):
         """The grouping (:class:`_Grouped`: labels, largest cluster first) of the shapes'
         kNN graph ``knn = (D, idx, P)`` of the images ``Xt``, the graph of their converged
         means ``M``, or their union (see ``graph``), each shape weighing as the samples of
         ``rows`` it stands for, with the distances of the graph that ranks each cluster's
-        densest member."""
+        densest member. A complete graph cut to a given count is cut on the shapes' invariant
+        means (``shaped``) less the ``noise`` they hold (:meth:`_means_excess`)."""
         D, idx, _ = knn
         k = self._k(Xt.shape[0])
+        idx_g, dist_g = idx.cpu().numpy(), _finite_dist(D)
+        if (self.n_clusters is not None and shaped is not None and noise is not None
+                and noise.power > 0 and self.n_clusters < Xt.shape[0] <= k + 1):
+            idx_g, dist_g = self._means_excess(Xt, shaped, rows, noise)
         idx_m = dist_m = None
         Dg = D
         graph = self.graph
@@ -726,9 +733,28 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             if graph == "means":
                 Dg = Dm
         labels, graph, count_rule = group(
-            idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m, self.n_clusters, graph,
+            idx_g, dist_g, idx_m, dist_m, self.n_clusters, graph,
             self.grouping, seed, sizes=rows.sizes.astype(np.float64))
         return _Grouped(_relabel_by_size(labels), Dg, graph, count_rule)
+
+    def _means_excess(self, Xt, shaped, rows, noise):
+        """``(index, dist)`` ``(n, n - 1)``: every other shape, and the invariant squared
+        distance of the two shapes' means (``Xt``, with ``shaped`` for the shapes with copies)
+        less the noise two means of ``c_A`` and ``c_B`` distinct copies hold,
+        ``nu^2 (1 / c_A + 1 / c_B)``, raised by one constant to be positive (the single
+        linkage reads only their order): a single noisy copy is as near its shape's mean as
+        the noise lets it be, not the farthest of the shapes."""
+        S = Xt.clone()
+        S[shaped[0]] = shaped[1].to(S.dtype)
+        Dm, _ = all_pairs(S, S, self._grid(self.refine), batch_size=self.batch_size)
+        Dm = torch.minimum(Dm, Dm.T).double().cpu().numpy()
+        n = Dm.shape[0]
+        c = np.bincount(rows.row_of_distinct, minlength=n).astype(np.float64)
+        excess = Dm - float(noise.power) * (1.0 / c[:, None] + 1.0 / c[None, :])
+        excess -= excess.min() - 1e-12
+        np.fill_diagonal(excess, np.inf)
+        index = np.argsort(excess, axis=1, kind="stable")[:, :n - 1]
+        return index, np.take_along_axis(excess, index, axis=1)
 
     def _shape_means(self, Xt, Xown, rows):
         """``(multi, means)``: the rows of the shapes with copies (a long tensor) and their
