@@ -58,7 +58,7 @@ from ._means import cluster_means
 from ._progress import progress, progress_bar
 from ._shapes import Given, align, copy_grid, find_shapes, measure_noise
 from ._threads import thread_limit
-from ._utils import resolve_device
+from ._utils import resolve_device, torch_dtype_for
 from ._weights import attention_weights, calibrate_bandwidth  # noqa: F401 - as before
 from .denoise import RadialWiener, estimate_noise_std
 from .denoise import _subset_rows as _noise_rows
@@ -347,9 +347,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
     def _tensor(self, X2, device, copy=True):
         """``X2`` as images; a copy unless ``copy=False`` (for a new array of the fit's own:
         the input may be read-only, and the fit must never write into it)."""
-        dtype = torch.float64 if X2.dtype == np.float64 else torch.float32
         make = torch.tensor if copy else torch.as_tensor
-        return make(X2, dtype=dtype, device=device).reshape(-1, *self.image_shape_)
+        return make(X2, dtype=torch_dtype_for(X2), device=device).reshape(-1, *self.image_shape_)
 
     def _filtered(self, Xt):
         """New images as the fit saw them: filtered in place by ``filter_`` (``Xt`` is a
@@ -558,9 +557,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                 filt.filter_tensor(G, in_place=True)
             return self._framed(G)
 
-        dtype = torch.float64 if X1.dtype == np.float64 else torch.float32
-        return Given(images, torch.as_tensor(shift_params(-offsets[samples]), dtype=dtype,
-                                             device=dev))
+        return Given(images, torch.as_tensor(shift_params(-offsets[samples]),
+                                             dtype=torch_dtype_for(X1), device=dev))
 
     def _group_stage(self, Xt, knn, M, grid, seed, workers, t0, rows, shaped, noise):
         """The grouping (:class:`_Grouped`) of the kNN graph ``knn`` of the images ``Xt``
