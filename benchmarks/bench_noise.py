@@ -305,14 +305,14 @@ def run_estimator(X, y, sigma, seed, args, st, fits=True,
     t0 = time.perf_counter()
     used, idx_m, dist_m = default_graphs(st)
     t_m += st["t_means_search"] if used == "both" else 0.0
-    labels, used, _, _ = group(st["idx"], st["dist"], idx_m, dist_m, 10, used, "leiden", seed)
+    labels, used, _ = group(st["idx"], st["dist"], idx_m, dist_m, 10, used, "leiden", seed)
     out = [{"sigma": sigma, "seed": seed, "n": args.n, "method": name,
             **scores(y, labels), "seconds": t_m + time.perf_counter() - t0,
             "graph_used": used, "shared_edges": shared_edges(st["idx"], st["idx_m"])}]
     print_table(out[-1:], ["sigma", "seed", "method", "acc", "nmi", "seconds", "graph_used"])
     if "idx_c" in st and used == "both" and fits:
         t0 = time.perf_counter()
-        labels, _, _, _ = group(st["idx"], st["dist"], st["idx_c"], st["dist_c"], 10, used,
+        labels, _, _ = group(st["idx"], st["dist"], st["idx_c"], st["dist_c"], 10, used,
                                 "leiden", seed)
         c = args.compare_means_candidates
         out.append({"sigma": sigma, "seed": seed, "n": args.n,

@@ -439,7 +439,7 @@ def resolve_graph(graph, index, index_means):
 
 
 def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, random_state,
-          sizes=None):
+          sizes=None, complete_distances=None):
     """Labels of the shapes from their kNN graph and their converged means' (``(n, k)``
     arrays, self left out), each shape standing for ``sizes`` samples (None: one each).
 
@@ -451,7 +451,9 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
     holds all the others (a complete kNN graph, no more shapes than ``n_neighbors + 1``), the
     graph shows no community and each shape is a cluster (rule "shapes"); else the
     communities of Leiden at resolution 1, modularity (rule "modularity"; HDBSCAN on the
-    layout, "hdbscan", with "umap"). Returns ``(labels, graph_used, rule)``.
+    layout, "hdbscan", with "umap"). ``complete_distances``: a callable giving the
+    ``(index, dist)`` of all pairs that a complete graph is cut on to the given count (None:
+    ``index, dist``). Returns ``(labels, graph_used, rule)``.
     """
     n = index.shape[0]
     graph = resolve_graph(graph, index, index_means)
@@ -464,6 +466,8 @@ def group(index, dist, index_means, dist_means, n_clusters, graph, grouping, ran
         # single-linkage partition (the groups farthest apart)
         if n_clusters is None:
             return np.arange(n), graph, "shapes"
+        if complete_distances is not None:
+            index, dist = complete_distances()
         return _single_linkage(index, dist, int(n_clusters)), graph, "given"
     rule = "given" if n_clusters is not None else (
         "modularity" if grouping == "leiden" else "hdbscan")

@@ -213,8 +213,8 @@ def cluster_means(Xt, M, labels, grid, batch_size, D_knn):
 def _cluster_average(X, params, lab, w, n_clusters):
     """``sum_j w_j warp(X_j, params_j)`` per cluster ``lab``, warped in memory-bounded blocks."""
     out = X.new_zeros((n_clusters, *X.shape[1:]))
-    step = max(1, _memory.REFINE_PAIR_ELEMENTS // max(1, X[0].numel()))
-    for i in range(0, X.shape[0], step):
+    starts, step = _memory.pair_blocks(X.shape[0], X[0].numel())
+    for i in starts:
         W = fast_warp(X[i:i + step], params[i:i + step])
         out.index_add_(0, lab[i:i + step], W * w[i:i + step, None, None, None])
     return out

@@ -33,10 +33,19 @@ MAX_QUERIES_PER_BLOCK = 4096
 # Pairs refined at once: each pair holds about 8 images' worth of work (warps, residuals,
 # Jacobians), so a batch of pairs stays under the score block's budget.
 REFINE_PAIR_ELEMENTS = SCORE_BLOCK_ELEMENTS // 8
+
 # The identity check of the kNN transformer (plain residuals of the kept pairs), per chunk.
 IDENTITY_CHECK_ELEMENTS = 1 << 24
 # Rows of queries of the softmax KernelPCAAttention.transform at once (a rows x keys block).
 SOFTMAX_QUERY_ROWS = 2048
+
+
+def pair_blocks(n, image_elements):
+    """``(starts, step)``: blocks of at most ``step`` of ``n`` images (or pairs of them) of
+    ``image_elements`` elements each, as many as ``REFINE_PAIR_ELEMENTS`` allows."""
+    step = max(1, REFINE_PAIR_ELEMENTS // max(1, int(image_elements)))
+    return range(0, n, step), step
+
 
 class InsufficientMemoryError(MemoryError, ValueError):
     """A requested computation does not fit in the memory available on its device.

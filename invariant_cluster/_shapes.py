@@ -101,8 +101,7 @@ def _round_trip_residual(x, p):
 
 
 def _blocks(n, X):
-    step = max(1, _memory.REFINE_PAIR_ELEMENTS // max(1, X[0].numel()))
-    return range(0, n, step), step
+    return _memory.pair_blocks(n, X[0].numel())
 
 
 def resampling_residual(X: torch.Tensor, grid, *, half_step=False) -> torch.Tensor:

@@ -678,13 +678,22 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             return None, None
         dev = Xt.device
         reps = torch.as_tensor(rows.row_of_distinct[own], device=dev)
-        # the representative warped onto the copy (its pose, refined: a copy may be turned by
-        # any angle), then the copy onto its centre
-        to_own = self._align(Xown, Xt[reps], copies=True)
-        Mown = fast_warp(M[reps], to_own.to(M.dtype))
-        C = centers[torch.as_tensor(labels[rows.row_of_distinct[own]], device=dev)]
-        p = self._align(C, Xown)
-        return self._unframed(Mown).reshape(len(own), -1).cpu().numpy(), p.cpu().numpy()
+        lab = torch.as_tensor(labels[rows.row_of_distinct[own]], device=dev)
+        Mown = Pown = None
+        starts, step = _memory.pair_blocks(len(own), Xown[0].numel())
+        for s0 in starts:  # a block of copies at a time: no second copy of them
+            K, r = Xown[s0:s0 + step], reps[s0:s0 + step]
+            # the representative warped onto the copy (its pose, refined: a copy may be turned
+            # by any angle), then the copy onto its centre
+            to_own = self._align(K, Xt[r], copies=True)
+            m = self._unframed(fast_warp(M[r], to_own.to(M.dtype))).reshape(len(K), -1)
+            p = self._align(centers[lab[s0:s0 + step]], K)
+            if Mown is None:
+                Mown = np.empty((len(own), m.shape[1]), dtype=m.cpu().numpy().dtype)
+                Pown = np.empty((len(own), p.shape[1]), dtype=p.cpu().numpy().dtype)
+            Mown[s0:s0 + len(K)] = m.cpu().numpy()
+            Pown[s0:s0 + len(K)] = p.cpu().numpy()
+        return Mown, Pown
 
     def _group(self, Xt, knn, M, grid, seed, rows, shaped=None, noise=None):
         """The grouping (:class:`_Grouped`: labels, largest cluster first) of the shapes'
@@ -696,9 +705,10 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         D, idx, _ = knn
         k = self._k(Xt.shape[0])
         idx_g, dist_g = idx.cpu().numpy(), _finite_dist(D)
-        if (self.n_clusters is not None and shaped is not None and noise is not None
-                and noise.power > 0 and self.n_clusters < Xt.shape[0] <= k + 1):
-            idx_g, dist_g = self._means_excess(Xt, shaped, rows, noise)
+        complete = None
+        if shaped is not None and noise is not None and noise.power > 0:
+            def complete():
+                return self._means_excess(Xt, shaped, rows, noise)
         idx_m = dist_m = None
         Dg = D
         graph = self.graph
@@ -732,7 +742,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                 Dg = Dm
         labels, graph, count_rule = group(
             idx_g, dist_g, idx_m, dist_m, self.n_clusters, graph,
-            self.grouping, seed, sizes=rows.sizes.astype(np.float64))
+            self.grouping, seed, sizes=rows.sizes.astype(np.float64),
+            complete_distances=complete)
         return _Grouped(_relabel_by_size(labels), Dg, graph, count_rule)
 
     def _means_excess(self, Xt, shaped, rows, noise):
@@ -776,12 +787,16 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         multi = torch.as_tensor(multi, device=dev)
         first = Xt[multi]
         target = first
+        w_first, w_own = w_first.to(Xt.dtype), w_own.to(Xt.dtype)
+        starts, step = _memory.pair_blocks(len(Xown), Xown[0].numel())
         for round_ in range(2):
             total = first if round_ == 0 else fast_warp(
                 first, self._align(target, first, copies=True))
-            total = total * w_first.to(Xt.dtype)[:, None, None, None]
-            total.index_add_(0, lab, fast_warp(Xown, self._align(target[lab], Xown, copies=True))
-                             * w_own.to(Xt.dtype)[:, None, None, None])
+            total = total * w_first[:, None, None, None]
+            for s0 in starts:  # a block of copies at a time: no second copy of them
+                K, at_k = Xown[s0:s0 + step], lab[s0:s0 + step]
+                total.index_add_(0, at_k, fast_warp(K, self._align(target[at_k], K, copies=True))
+                                 * w_own[s0:s0 + step, None, None, None])
             target = total
         return multi, target
 
