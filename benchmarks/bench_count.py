@@ -48,6 +48,14 @@ estimator is also fitted with ``n_clusters=10``. ``--single-warps W`` also fits 
 under the warps ``j = 1 .. W - 1`` of the copies, each alone: the spread of its ACC over the
 warps is the resolution of a comparison of the copies with the single set.
 
+Copy residuals (``--copy-residual rotated45 fashion``, the augmented sets' variants): in the
+set of ``C = 2`` copies, the pairs of copies the default fit splits, those of them beyond the
+searched range, and the ratio of each pair's refined squared distance to its resampling
+residual (the copy test's ``d^2 / e^2``, :mod:`invariant_cluster._shapes`; for the split pairs
+also aligned on a grid of twice the searched range) next to the same ratio for two fresh
+copies of each observed image made within the searched range, and for each image's nearest
+other image.
+
 Duplicates and order (``--duplicates``): on copy sets (k in 2, 5, 12; c in 3, 12, 40; digits8
 and mnist_rot; clean) and on rotated MNIST (``--duplicates-natural-n``, seed 0), the estimator
 (``n_clusters=None`` and the true k) is fitted on X, on X twice, on X plus a copy moved by
@@ -63,6 +71,8 @@ again.
         --methods estimator leiden_modularity --seed 7                    # run augmented_seed7
     python benchmarks/bench_count.py --no-sweep --augmented 8 --fashion --single-warps 8 \
         --methods estimator --seed 47 --run augmented8_seed47_warps
+    python benchmarks/bench_count.py --no-sweep --copy-residual rotated45 fashion --seed 47
+                                                                      # run copy_residual_seed47
     python benchmarks/bench_count.py --no-sweep --duplicates --duplicates-all \
         --duplicates-natural-n 0                                          # run duplicates
 
@@ -408,6 +418,67 @@ def true_separation(D, y):
     return float(min(ratios)) if ratios else None
 
 
+def copy_residual(variant, n, seed, data=None, quantiles=(10, 50, 90, 99)):
+    """The ``--copy-residual`` row of ``variant``'s set of ``n`` images in 2 copies."""
+    import torch
+
+    from invariant_cluster._shapes import align, alignment_residual, copy_grid, pair_distances
+    from invariant_cluster.datasets import make_transformed
+    from invariant_cluster.search import knn_search, make_search_grid
+
+    search = VARIANTS[variant]["search"]
+    if variant == "fashion":
+        search = dict(max_rotation=15.0, n_rotations=7, max_translation=1)
+    X, _ = augmented_set(variant, n, 2, seed, data)
+    base, _ = make_variant(variant, n, seed, data)
+    spec = VARIANTS[variant]
+    rot, shift = (spec["rotate"], spec["shift"]) if spec["rotate"] else (15.0, 1.0)
+    made = [np.asarray(make_transformed(base, max_rotation=rot, max_translation=shift,
+                                        random_state=seed * 100 + j)[1]) for j in (0, 1)]
+    rel = made[1] - made[0]
+    beyond = ((np.abs(rel[:, 0]) > search["max_rotation"])
+              | (np.abs(rel[:, 1:]).max(1) > search["max_translation"] + 0.5))
+    est = InvariantAttentionClusterer(**search, random_state=seed).fit(X)
+    split = est.shape_labels_[:n] != est.shape_labels_[n:]
+    grid, refine_grid = est._grid(False), copy_grid(est._grid(True))
+
+    # a grid of twice the searched range, at the same step: the split pairs aligned again
+    wide = make_search_grid(grid.group, min(180.0, 2.0 * search["max_rotation"]),
+                            2 * search["n_rotations"] - 1, 2 * search["max_translation"],
+                            refine=False, image_shape=est.image_shape_)
+
+    def ratios(A, B, on=grid):  # d^2 / e^2 of the pairs (A[i], B[i]), B aligned onto A
+        i = torch.arange(len(A))
+        p = align(A, B, on, refine_grid)
+        AB = torch.cat([A, B])
+        d2 = pair_distances(AB, i, i + len(A), p)
+        e2 = alignment_residual(AB, i, i + len(A), p).double().pow(2)
+        return (d2 / e2.clamp(min=1e-12)).numpy()
+
+    def q(r):
+        return [round(float(v), 3) for v in np.percentile(r, quantiles)]
+
+    shape = (-1, 1, *est.image_shape_[1:])
+    with torch.no_grad():
+        T = torch.as_tensor(X.reshape(shape).copy())
+        A, B = T[:n], T[n:]
+        fresh = [torch.as_tensor(np.asarray(make_transformed(
+            A.numpy(), max_rotation=search["max_rotation"],
+            max_translation=search["max_translation"], random_state=seed * 100 + 50 + j)[0],
+            np.float32)).reshape(shape) for j in (0, 1)]
+        _, idx, _ = knn_search(A, A, grid, 1, exclude=torch.arange(n))
+        pairs, again, nearest = ratios(A, B), ratios(*fresh), ratios(A, A[idx[:, 0]])
+        cut = torch.as_tensor(np.flatnonzero(split))
+        widened = ratios(A[cut], B[cut], wide) if len(cut) else None
+    return {"set": f"{variant} n={n} x2 seed={seed}", "n_shapes": int(est.n_shapes_),
+            "pairs": n, "split": int(split.sum()), "beyond_range": int(beyond.sum()),
+            "split_beyond_range": int((split & beyond).sum()), "quantiles": list(quantiles),
+            "ratio_pairs": q(pairs), "ratio_pairs_split": q(pairs[split]) if split.any() else None,
+            "ratio_pairs_split_wide_grid": None if widened is None else q(widened),
+            "ratio_fresh_copies": q(again), "ratio_nearest_other": q(nearest),
+            "pairs_above_nearest_p10": int((pairs > np.percentile(nearest, 10)).sum())}
+
+
 def warm_up(seed):
     """Import the baselines' libraries and compile umap-learn's kernels before any timing."""
     import igraph  # noqa: F401
@@ -623,6 +694,8 @@ def default_run(args) -> str:
         return f"exact_seed{args.seed}"
     if args.augmented:
         return f"augmented_seed{args.seed}"
+    if args.copy_residual:
+        return f"copy_residual_seed{args.seed}"
     if args.natural:
         return "natural_" + "_".join(str(n) for n in args.natural_n)
     if args.duplicates:
@@ -658,6 +731,8 @@ def main(argv=None):
     p.add_argument("--single-warps", type=int, default=1,
                    help="with --augmented: the single set (C = 1) also under warps 1 to W - 1, "
                         "each fitted alone (kind VARIANT_warps)")
+    p.add_argument("--copy-residual", nargs="+", default=[], choices=["rotated45", "fashion"],
+                   help="the copy test's d^2 / e^2 on these augmented variants in 2 copies")
     p.add_argument("--duplicates", action="store_true",
                    help="duplicates and order (copy sets filtered by --kinds/--shapes/--copies)")
     p.add_argument("--duplicates-all", action="store_true",
@@ -747,6 +822,14 @@ def main(argv=None):
                                       given_k=10, methods=args.methods)
         save()
 
+    if args.copy_residual:
+        result["copy_residual"] = []
+        for variant in args.copy_residual:
+            n = 3000 if variant == "fashion" else 2000
+            result["copy_residual"].append(copy_residual(variant, n, args.seed, args.data))
+            print(result["copy_residual"][-1])
+            save()
+
     if args.duplicates:
         every = args.duplicates_all
         for kind in [kd for kd in args.kinds if every or kd in ("digits8", "mnist_rot")]:
@@ -768,7 +851,7 @@ def main(argv=None):
                                                    jitters=(12, 13))
             save()
 
-    if not (result["rows"] or result["duplicates"]):
+    if not (result["rows"] or result["duplicates"] or result.get("copy_residual")):
         save()
     if result["rows"]:
         print()
