@@ -220,6 +220,25 @@ def test_a_fit_is_the_fit_of_its_shapes():
 
 
 @pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
+def test_the_copies_means_and_poses_do_not_depend_on_the_memory_blocks(monkeypatch):
+    # the shapes' means and the copies' poses align, warp and add a block of copies at a time
+    # (_memory.pair_blocks); blocks of two images give the fit of one block
+    from invariant_cluster import _memory
+
+    X, y = _copy_set(_mnist(), 3, (7, 4, 9), seed=50)
+    whole = _fit(X)
+    monkeypatch.setattr(_memory, "REFINE_PAIR_ELEMENTS", 2 * X[0].size)
+    assert _memory.pair_blocks(20, X[0].size)[1] == 2
+    blocked = _fit(X)
+    assert whole.n_shapes_ == blocked.n_shapes_ == 3
+    np.testing.assert_array_equal(whole.shape_labels_, blocked.shape_labels_)
+    np.testing.assert_array_equal(whole.labels_, blocked.labels_)
+    for name in ("shape_means_", "invariant_means_", "cluster_centers_", "alignments_"):
+        np.testing.assert_allclose(getattr(blocked, name), getattr(whole, name), atol=1e-4,
+                                   err_msg=name)
+
+
+@pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
 def test_jittered_copies_keep_the_partition():
     X, y = _copy_set(_mnist(), 4, (5, 8, 3, 6), seed=47)
     est = _fit(X)
