@@ -174,20 +174,31 @@ def exact_copy_set(kind, k, c, seed, data=None):
     return X.astype(np.float32), np.repeat(np.arange(k), c)
 
 
-def augmented_set(variant, n, copies, seed, data=None, first=0):
+def augmented_search(variant):
+    """The search range of ``variant``'s augmented sets: the variant's own, or
+    ``bench_large``'s for Fashion-MNIST."""
+    if variant == "fashion":
+        return dict(max_rotation=15.0, n_rotations=7, max_translation=1)
+    return VARIANTS[variant]["search"]
+
+
+def augmented_set(variant, n, copies, seed, data=None, first=0, return_params=False):
     """``bench_clustering``'s ``variant`` set of ``n`` images, each stored in ``copies``
     warped copies (``make_transformed`` of the whole set, seeds ``seed * 100 + j`` for ``j``
     from ``first``, within the variant's own range, or +-15 degrees and +-1 px for
-    Fashion-MNIST); and the classes."""
+    Fashion-MNIST); and the classes (and with ``return_params`` each copy's warp, ``(copies,
+    n, 3)``)."""
     from invariant_cluster.datasets import make_transformed
 
     X, y = make_variant(variant, n, seed, data)
     spec = VARIANTS[variant]
     rot, shift = (spec["rotate"], spec["shift"]) if spec["rotate"] else (15.0, 1.0)
-    X = np.concatenate([make_transformed(X, max_rotation=rot, max_translation=shift,
-                                         random_state=seed * 100 + j)[0]
-                        for j in range(first, first + copies)])
-    return X.astype(np.float32), np.tile(y, copies)
+    made = [make_transformed(X, max_rotation=rot, max_translation=shift,
+                             random_state=seed * 100 + j) for j in range(first, first + copies)]
+    X = np.concatenate([m[0] for m in made]).astype(np.float32)
+    if return_params:
+        return X, np.tile(y, copies), np.stack([np.asarray(m[1]) for m in made])
+    return X, np.tile(y, copies)
 
 
 def copy_set(kind, k, c, noise, seed, data=None):
@@ -426,15 +437,8 @@ def copy_residual(variant, n, seed, data=None, quantiles=(10, 50, 90, 99)):
     from invariant_cluster.datasets import make_transformed
     from invariant_cluster.search import knn_search, make_search_grid
 
-    search = VARIANTS[variant]["search"]
-    if variant == "fashion":
-        search = dict(max_rotation=15.0, n_rotations=7, max_translation=1)
-    X, _ = augmented_set(variant, n, 2, seed, data)
-    base, _ = make_variant(variant, n, seed, data)
-    spec = VARIANTS[variant]
-    rot, shift = (spec["rotate"], spec["shift"]) if spec["rotate"] else (15.0, 1.0)
-    made = [np.asarray(make_transformed(base, max_rotation=rot, max_translation=shift,
-                                        random_state=seed * 100 + j)[1]) for j in (0, 1)]
+    search = augmented_search(variant)
+    X, _, made = augmented_set(variant, n, 2, seed, data, return_params=True)
     rel = made[1] - made[0]
     beyond = ((np.abs(rel[:, 0]) > search["max_rotation"])
               | (np.abs(rel[:, 1:]).max(1) > search["max_translation"] + 0.5))
@@ -790,9 +794,7 @@ def main(argv=None):
 
     augmented = [("rotated45", 2000)] + ([("fashion", 3000)] if args.fashion else [])
     for variant, n in augmented if args.augmented else []:
-        search = VARIANTS[variant]["search"]
-        if variant == "fashion":
-            search = dict(max_rotation=15.0, n_rotations=7, max_translation=1)
+        search = augmented_search(variant)
         for c in [1, *args.augmented]:
             X, y = augmented_set(variant, n, c, args.seed, args.data)
             base = {"set": f"{variant} n={n} x{c} seed={args.seed}", "kind": f"{variant}_aug",

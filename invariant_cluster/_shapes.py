@@ -373,7 +373,7 @@ def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_si
         ok = excess <= tol
         ok &= _best_explained(pairs, size, excess, ok, comp[qa], comp[kb], excess_ab,
                               measured[0])
-        ok &= _mutual_singles(pairs, size, excess, ok, measured[0])
+        ok &= _mutual_singles(pairs, size, excess, ok, lone, measured[0])
         if not ok.any():
             return comp
         m = size.size
@@ -420,14 +420,13 @@ def _best_explained(pairs, size, excess, ok, a, b, excess_ab, s2):
     return keep
 
 
-def _mutual_singles(pairs, size, excess, ok, s2):
+def _mutual_singles(pairs, size, excess, ok, lone, s2):
     """Which of the pairs ``pairs`` that passed (``ok``) stay joined: all but those of two
-    single images, which stay only where each is the other's best explanation among the pairs
-    that passed (a piece's mean scored ``excess - s2 (1 + 1 / n_A)``, a single image
-    ``excess - 2 s2``, as :func:`_best_explained` scores them)."""
+    single images (``lone``), which stay only where each is the other's best explanation
+    among the pairs that passed (a piece's mean scored ``excess - s2 (1 + 1 / n_A)``, a single
+    image ``excess - 2 s2``, as :func:`_best_explained` scores them)."""
     keep = ok.copy()
-    single = size[pairs] == 1
-    both = ok & single[:, 0] & single[:, 1]
+    both = ok & lone
     if not both.any():
         return keep
     u = np.concatenate([pairs[:, 0], pairs[:, 1]])

@@ -686,14 +686,14 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             # the representative warped onto the copy (its pose, refined: a copy may be turned
             # by any angle), then the copy onto its centre
             to_own = self._align(K, Xt[r], copies=True)
-            m = self._unframed(fast_warp(M[r], to_own.to(M.dtype))).reshape(len(K), -1)
-            p = self._align(centers[lab[s0:s0 + step]], K)
+            m = self._unframed(fast_warp(M[r], to_own.to(M.dtype))).reshape(len(K), -1).cpu()
+            p = self._align(centers[lab[s0:s0 + step]], K).cpu()
             if Mown is None:
-                Mown = np.empty((len(own), m.shape[1]), dtype=m.cpu().numpy().dtype)
-                Pown = np.empty((len(own), p.shape[1]), dtype=p.cpu().numpy().dtype)
-            Mown[s0:s0 + len(K)] = m.cpu().numpy()
-            Pown[s0:s0 + len(K)] = p.cpu().numpy()
-        return Mown, Pown
+                Mown = m.new_empty((len(own), m.shape[1]))
+                Pown = p.new_empty((len(own), p.shape[1]))
+            Mown[s0:s0 + len(K)] = m
+            Pown[s0:s0 + len(K)] = p
+        return Mown.numpy(), Pown.numpy()
 
     def _group(self, Xt, knn, M, grid, seed, rows, shaped=None, noise=None):
         """The grouping (:class:`_Grouped`: labels, largest cluster first) of the shapes'
@@ -704,7 +704,6 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         means (``shaped``) less the ``noise`` they hold (:meth:`_means_excess`)."""
         D, idx, _ = knn
         k = self._k(Xt.shape[0])
-        idx_g, dist_g = idx.cpu().numpy(), _finite_dist(D)
         complete = None
         if shaped is not None and noise is not None and noise.power > 0:
             def complete():
@@ -741,7 +740,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             if graph == "means":
                 Dg = Dm
         labels, graph, count_rule = group(
-            idx_g, dist_g, idx_m, dist_m, self.n_clusters, graph,
+            idx.cpu().numpy(), _finite_dist(D), idx_m, dist_m, self.n_clusters, graph,
             self.grouping, seed, sizes=rows.sizes.astype(np.float64),
             complete_distances=complete)
         return _Grouped(_relabel_by_size(labels), Dg, graph, count_rule)
