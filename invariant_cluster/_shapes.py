@@ -59,6 +59,9 @@ PROBE_ROTATION = 45.0
 _NOISE_DRAWS = 64
 # Frame pixels count as kept by a warp where it keeps at least this much of their weight
 _KEPT = 1 - 1e-3
+# The copy test measures the kNN lists' first column, then windows of as many columns as it
+# has measured: a copy's edges to the copies its group already holds are never measured
+_FIRST_WINDOW = 1
 
 
 def copy_grid(refine_grid):
@@ -261,51 +264,114 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
     g = resampling_residual(X, grid, half_step=True).double()
     bound = (torch.maximum(e[:, None], e[idx]).pow(2) + 2.0 * share * nu2).sqrt() + g[idx]
     maybe = finite & (d2.clamp(min=0).sqrt() <= bound)
-    pairs = torch.nonzero(maybe.reshape(-1)).ravel()
-    if pairs.numel() == 0:
+    if not bool(maybe.any()):
         return None
-    qi = torch.div(pairs, k, rounding_mode="floor")
-    kj = idx.reshape(-1)[pairs]
-    d_pair = d2.reshape(-1)[pairs]
-    p_pair = P.reshape(n * k, -1)[pairs]
-    # two copies of one image may be up to twice the searched range apart
-    refine_grid = copy_grid(refine_grid)
-    if refine_grid.refine and any(refine_grid.free):
-        d_ref, p_ref = refine_pairs(X, X, qi, kj, p_pair, refine_grid)
-        better = d_ref.double() < d_pair
-        d_pair = torch.where(better, d_ref.double(), d_pair)
-        p_pair = torch.where(better[:, None], p_ref.to(p_pair.dtype), p_pair)
-    if given is not None:
-        c = given.shifts.to(device=p_pair.device, dtype=p_pair.dtype)
-        p_given = compose_se2(invert_se2(c[qi]), compose_se2(p_pair, c[kj]))
-        d_pair, resampled = _given_distances(given, qi, kj, p_given, X)
-    else:
-        resampled = alignment_residual(X, qi, kj, p_pair).double().pow(2)
+    edges = _CopyEdges(X, D, idx, P, copy_grid(refine_grid), given)
+    # the edges not refined are no copy's, at their grid distance
+    rest = d2[finite & ~maybe]
+    rest_min = float(rest.min()) if rest.numel() else float("inf")
+    # the columns of the kNN lists nearest first, in windows of w, w, 2 w, 4 w, ... columns: only
+    # the edges between two groups the copy edges so far leave apart are measured (an edge
+    # within a group adds no join), then, until none is left, every edge that may join two
+    # of the groups the measured edges make
+    comp = np.arange(n)
+    maybe_np = maybe.cpu().numpy()
+    idx_np = idx.cpu().numpy().reshape(-1)
+    column = np.tile(np.arange(k), n)
+    todo = np.flatnonzero(maybe_np.reshape(-1))
+    start, width = 0, _FIRST_WINDOW
+    while todo.size:
+        window = todo[column[todo] < start + width] if start < k else todo
+        window = window[comp[window // k] != comp[idx_np[window]]]
+        if window.size:
+            edges.measure(window)
+            comp, near = _copy_components(edges, n, nu2, share, rest_min)
+        elif start >= k:
+            break
+        todo = todo[~edges.done[todo]]
+        start, width = start + width, max(1, start + width)
+    # groups of copies that the cap split: joined where their means are within their copies'
+    # own scatter (the pairs of groups tested are those an edge joins within the noise)
+    if nu2 > 0:
+        qa, kb, excess = near
+        comp = _merge_pieces(X, comp, qa, kb, excess, noise, grid, copy_grid(refine_grid),
+                             batch_size)
+    if comp.max() + 1 == n:
+        return None
+    return first_of_each(comp)[comp]
+
+
+class _CopyEdges:
+    """The copy test's measurements of the kNN graph's edges (flat indices ``i k + r`` of
+    ``idx``), made when asked: each edge refined within ``refine_grid`` from its grid
+    alignment (kept where the refinement does no better), then its squared distance and
+    resampling residual, on the images as given where ``given`` is (see :func:`find_shapes`)."""
+
+    def __init__(self, X, D, idx, P, refine_grid, given):
+        n, k = idx.shape
+        self.X, self.k, self.given, self.refine_grid = X, k, given, refine_grid
+        self.idx = idx.reshape(-1)
+        self.d2 = D.double().reshape(-1)
+        self.P = P.reshape(n * k, -1)
+        self.done = np.zeros(n * k, dtype=bool)
+        self.flat = []
+        self.dist, self.resampled = [], []
+
+    def measure(self, flat):
+        flat = np.asarray(flat, dtype=np.int64)
+        t = torch.as_tensor(flat, device=self.X.device)
+        qi = torch.div(t, self.k, rounding_mode="floor")
+        kj = self.idx[t]
+        d_pair, p_pair = self.d2[t], self.P[t]
+        grid = self.refine_grid
+        if grid.refine and any(grid.free):
+            d_ref, p_ref = refine_pairs(self.X, self.X, qi, kj, p_pair, grid)
+            better = d_ref.double() < d_pair
+            d_pair = torch.where(better, d_ref.double(), d_pair)
+            p_pair = torch.where(better[:, None], p_ref.to(p_pair.dtype), p_pair)
+        if self.given is not None:
+            c = self.given.shifts.to(device=p_pair.device, dtype=p_pair.dtype)
+            p_given = compose_se2(invert_se2(c[qi]), compose_se2(p_pair, c[kj]))
+            d_pair, resampled = _given_distances(self.given, qi, kj, p_given, self.X)
+        else:
+            resampled = alignment_residual(self.X, qi, kj, p_pair).double().pow(2)
+        self.done[flat] = True
+        self.flat.append(flat)
+        self.dist.append(d_pair.cpu().numpy())
+        self.resampled.append(resampled.cpu().numpy())
+
+    def measured(self):
+        """``(qi, kj, d^2, e^2)`` of every edge measured so far (NumPy)."""
+        flat = np.concatenate(self.flat)
+        self.flat = [flat]
+        self.dist = [np.concatenate(self.dist)]
+        self.resampled = [np.concatenate(self.resampled)]
+        kj = self.idx[torch.as_tensor(flat, device=self.idx.device)].cpu().numpy()
+        return flat // self.k, kj, self.dist[0], self.resampled[0]
+
+
+def _copy_components(edges, n, nu2, share, rest_min):
+    """``(comp, near)``: the groups the copy edges among the measured ``edges`` make, and
+    ``(qi, kj, excess)`` of the edges within ``2 share nu2`` of the resampling (those the
+    pieces' test reads)."""
+    qi, kj, d_pair, resampled = edges.measured()
     # the noise: as measured, and no more than the shortest edge the resampling leaves
     # unexplained (the edges not refined are such edges, at their grid distance)
-    rest = d2[finite & ~maybe]
-    beyond = torch.cat([d_pair[d_pair > resampled], rest])
-    shortest = float(beyond.min()) if beyond.numel() else float("inf")
+    beyond = d_pair[d_pair > resampled]
+    shortest = min(float(beyond.min()) if beyond.size else float("inf"), rest_min)
     noise2 = min(2.0 * nu2, shortest)
     # explained by the resampling, or by the noise; where the shortest unexplained edge caps
     # the noise, that edge (and every copy of it) is the bound's evidence, not a copy
     copy = (d_pair <= resampled) | ((d_pair - resampled <= noise2)
                                     & ((noise2 < shortest) | (d_pair > shortest)))
     comp = np.arange(n)
-    if bool(copy.any()):
-        rows, cols = qi[copy].cpu().numpy(), kj[copy].cpu().numpy()
+    if copy.any():
         _, comp = connected_components(
-            coo_matrix((np.ones(rows.size), (rows, cols)), shape=(n, n)), directed=False)
-    # groups of copies that the cap split: joined where their means are within their copies'
-    # own scatter (the pairs of groups tested are those an edge joins within the noise)
-    if nu2 > 0:
-        excess = (d_pair - resampled).cpu()
-        near = excess <= 2.0 * share * nu2
-        comp = _merge_pieces(X, comp, qi.cpu()[near].numpy(), kj.cpu()[near].numpy(),
-                             excess[near].numpy(), noise, grid, refine_grid, batch_size)
-    if comp.max() + 1 == n:
-        return None
-    return first_of_each(comp)[comp]
+            coo_matrix((np.ones(int(copy.sum())), (qi[copy], kj[copy])), shape=(n, n)),
+            directed=False)
+    excess = d_pair - resampled
+    near = excess <= 2.0 * share * nu2
+    return comp, (qi[near], kj[near], excess[near])
 
 
 def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_size):

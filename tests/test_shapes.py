@@ -239,6 +239,36 @@ def test_the_copies_means_and_poses_do_not_depend_on_the_memory_blocks(monkeypat
 
 
 @pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
+@pytest.mark.parametrize("noise", [0.0, 0.1])
+def test_the_copy_test_measures_only_edges_that_join_groups(monkeypatch, noise):
+    # the copy test measures the kNN lists a window of columns at a time, only the edges
+    # between groups the measured copy edges leave apart: the fit is the fit that measures
+    # every edge at once, with at most half the edges measured
+    from invariant_cluster import _shapes
+
+    X, y = _copy_set(_mnist(), 3, (12, 30, 40), seed=51, noise=noise)
+    measured = []
+    measure = _shapes._CopyEdges.measure
+
+    def counted(self, flat):
+        measured.append(len(flat))
+        return measure(self, flat)
+
+    monkeypatch.setattr(_shapes._CopyEdges, "measure", counted)
+    windowed = _fit(X)
+    n_windowed = sum(measured)
+    measured.clear()
+    monkeypatch.setattr(_shapes, "_FIRST_WINDOW", 1 << 20)
+    whole = _fit(X)
+    assert len(measured) == 1  # every edge that may be a copy's, in one window
+    assert n_windowed <= 0.5 * measured[0]
+    assert windowed.n_shapes_ == whole.n_shapes_ == 3
+    assert _same_partition(windowed.shape_labels_, y)
+    np.testing.assert_array_equal(windowed.labels_, whole.labels_)
+    np.testing.assert_allclose(windowed.shape_means_, whole.shape_means_, atol=1e-4)
+
+
+@pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
 def test_jittered_copies_keep_the_partition():
     X, y = _copy_set(_mnist(), 4, (5, 8, 3, 6), seed=47)
     est = _fit(X)
