@@ -62,8 +62,8 @@ from ._utils import resolve_device, torch_dtype_for
 from ._weights import attention_weights, calibrate_bandwidth  # noqa: F401 - as before
 from .denoise import RadialWiener, estimate_noise_std
 from .denoise import _subset_rows as _noise_rows
-from .search import all_pairs, candidate_search, knn_search, make_search_plan
-from .transforms import compose_se2, fast_warp
+from .search import all_pairs, candidate_search, knn_search, make_search_plan, refine_pairs
+from .transforms import compose_se2, fast_warp, invert_se2
 
 __all__ = ["InvariantAttentionClusterer", "invariant_attention_clustering"]
 
@@ -422,7 +422,9 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             # a shape with copies converges onto its invariant mean: the fixed point of the
             # attention among its copies, whose kNN lists the shapes' graph no longer holds
             shaped = self._shape_means(Xt, Xown, rows)
+            poses = None
             if shaped is not None:
+                poses = shaped[2]
                 M[shaped[0]] = shaped[1].to(M.dtype)
             self._log(f"{len(history)} iterations ({time.perf_counter() - t0:.1f} s)")
             # each stage allocates blocks of its own sizes: what the last one left free in the
@@ -440,7 +442,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             # a near duplicate takes its own pose (its rows: Mown, Pown)
             centers, params = cluster_means(Xt, M, grouped.labels, self._grid(self.refine),
                                             self.batch_size, grouped.distances)
-            Mown, Pown = self._copies_pose(Xt, Xown, M, centers, grouped.labels, rows)
+            Mown, Pown = self._copies_pose(Xt, Xown, M, centers, grouped.labels, rows,
+                                           poses, params)
             # the fit's copy of the images is freed before the results are copied out
             # (predict filters the fitted input, _fit_X, again)
             Xt = Xown = None
@@ -668,11 +671,14 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                 client=self.client)
         return plan, (D, idx, P)
 
-    def _copies_pose(self, Xt, Xown, M, centers, labels, rows):
+    def _copies_pose(self, Xt, Xown, M, centers, labels, rows, poses=None, params=None):
         """The means and alignments of the copies ``rows.own`` (their own images ``Xown``;
         their shapes' first images are rows of ``Xt`` and of their means ``M``): a copy takes
         its first image's mean warped into its own pose, and its own alignment onto its
-        cluster's centre. ``(None, None)`` without any."""
+        cluster's centre. ``poses``: each copy's alignment onto its shape's mean
+        (:meth:`_shape_means`), whose inverse starts the refinement of the first image onto the
+        copy, and which, composed with the first image's alignment onto its centre
+        (``params``), starts the copy's. ``(None, None)`` without any."""
         own = rows.own
         if own.size == 0:
             return None, None
@@ -685,9 +691,17 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             K, r = Xown[s0:s0 + step], reps[s0:s0 + step]
             # the representative warped onto the copy (its pose, refined: a copy may be turned
             # by any angle), then the copy onto its centre
-            to_own = self._align(K, Xt[r], copies=True)
+            C = centers[lab[s0:s0 + step]]
+            if poses is None:
+                to_own = self._align(K, Xt[r], copies=True)
+                p = self._align(C, K)
+            else:
+                pose = poses[s0:s0 + step]
+                to_own = self._refined(K, Xt[r], invert_se2(pose))
+                p = self._refined(C, K, compose_se2(params[r].to(pose.dtype), pose),
+                                  copies=False)
             m = self._unframed(fast_warp(M[r], to_own.to(M.dtype))).reshape(len(K), -1).cpu()
-            p = self._align(centers[lab[s0:s0 + step]], K).cpu()
+            p = p.cpu()
             if Mown is None:
                 Mown = m.new_empty((len(own), m.shape[1]))
                 Pown = p.new_empty((len(own), p.shape[1]))
@@ -765,12 +779,14 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         return index, np.take_along_axis(excess, index, axis=1)
 
     def _shape_means(self, Xt, Xown, rows):
-        """``(multi, means)``: the rows of the shapes with copies (a long tensor) and their
-        invariant means in the pose of their first image (a row of ``Xt``), or None without
-        copies. A shape's copies (``Xown``, the images of ``rows.own``) are aligned onto its
-        first image and averaged, each weighted by how often it is stored, then all its images
-        are aligned again onto that average and averaged: two rounds of the invariant mean's
-        fixed point, the fixed point of invariant attention restricted to the copies."""
+        """``(multi, means, poses)``: the rows of the shapes with copies (a long tensor),
+        their invariant means in the pose of their first image (a row of ``Xt``), and each copy's
+        alignment onto its shape's mean (in the order of ``rows.own``); None without copies. A
+        shape's copies (``Xown``, the images of ``rows.own``) are aligned onto its first image
+        and averaged, each weighted by how often it is stored, then all its images are aligned
+        again onto that average (refined from their first alignments: the average is in the
+        first image's pose) and averaged: two rounds of the invariant mean's fixed point, the
+        fixed point of invariant attention restricted to the copies."""
         if Xown is None or not len(rows.own):
             return None
         dev = Xt.device
@@ -788,16 +804,47 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         target = first
         w_first, w_own = w_first.to(Xt.dtype), w_own.to(Xt.dtype)
         starts, step = _memory.pair_blocks(len(Xown), Xown[0].numel())
+        poses = None
         for round_ in range(2):
-            total = first if round_ == 0 else fast_warp(
-                first, self._align(target, first, copies=True))
+            if round_ == 0:
+                total = first
+            else:
+                identity = torch.zeros((len(first), poses.shape[1]), dtype=poses.dtype,
+                                       device=dev)
+                total = fast_warp(first, self._refined(target, first, identity))
             total = total * w_first[:, None, None, None]
             for s0 in starts:  # a block of copies at a time: no second copy of them
                 K, at_k = Xown[s0:s0 + step], lab[s0:s0 + step]
-                total.index_add_(0, at_k, fast_warp(K, self._align(target[at_k], K, copies=True))
-                                 * w_own[s0:s0 + step, None, None, None])
+                if round_ == 0:
+                    p = self._align(target[at_k], K, copies=True)
+                else:
+                    p = self._refined(target[at_k], K, poses[s0:s0 + step])
+                if poses is None:
+                    poses = p.new_empty((len(Xown), p.shape[1]))
+                poses[s0:s0 + len(K)] = p
+                total.index_add_(0, at_k, fast_warp(K, p) * w_own[s0:s0 + step, None, None, None])
             target = total
-        return multi, target
+        return multi, target, poses
+
+    def _refined(self, Q, K, start, copies=True):
+        """:meth:`_align`, refined from the alignments ``start`` instead of the grid's where
+        they lie within the range searched (the grid search elsewhere, and where the fit does
+        not refine)."""
+        refine_grid = self._grid(self.refine)
+        refine_grid = copy_grid(refine_grid) if copies else refine_grid
+        if not (refine_grid.refine and any(refine_grid.free)):
+            return self._align(Q, K, copies=copies)
+        start = start.to(Q.dtype)
+        inside = (start[:, 1:3].abs() <= float(refine_grid.max_translation)).all(1)
+        if float(refine_grid.max_rotation) < 180.0:
+            inside &= start[:, 0].abs() <= float(refine_grid.max_rotation)
+        rows = torch.nonzero(inside).flatten()
+        p = start.clone()
+        _, p[rows] = refine_pairs(Q, K, rows, rows, start[rows], refine_grid)
+        outside = torch.nonzero(~inside).flatten()
+        if len(outside):
+            p[outside] = self._align(Q[outside], K[outside], copies=copies)
+        return p
 
     def _align(self, Q, K, copies=False):
         """The alignments ``(m, 3)`` that warp each image of ``K`` onto the image of ``Q`` in
