@@ -24,7 +24,12 @@ edges whose grid distance can still be a copy's are refined: by the triangle ine
 grid leaves a copy at most ``g_j = ||x_j - T_g x_j||`` (``T_g``: half a grid step of rotation,
 half a pixel of shift) farther than the refinement, and the residual of a turn is bounded by
 the larger of the two images' residuals under a turn of ``min(45, max_rotation)`` degrees
-(:func:`resampling_residual`).
+(:func:`resampling_residual`). Of those, only the edges that can join two groups are measured:
+the kNN lists' columns nearest first, in windows of 1, 1, 2, 4, ... columns, each measuring the
+edges between the groups the copy edges so far leave apart, then every edge between two of the
+groups the measured edges make, until none is left. A copy's edges to its group's other copies
+are never refined, and the noise's cap below is the shortest unexplained edge among those
+measured.
 
 With many noisy copies the shortest edge is the lowest of many draws of the noise, and its cap
 cuts one image's copies into pieces, or leaves them single. Two pieces an edge joins within the
