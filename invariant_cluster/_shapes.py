@@ -27,9 +27,10 @@ the larger of the two images' residuals under a turn of ``min(45, max_rotation)`
 (:func:`resampling_residual`). Of those, only the edges that can join two groups are measured:
 the kNN lists' columns nearest first, in windows of 1, 1, 2, 4, ... columns, each measuring the
 edges between the groups the copy edges so far leave apart, then every edge between two of the
-groups the measured edges make, until none is left. A copy's edges to its group's other copies
-are never refined, and the noise's cap below is the shortest unexplained edge among those
-measured.
+groups the measured edges make, until none is left; where the groups leave out no edge of a
+window (no copies so far), the columns left join that window. A copy's edges to its group's
+other copies are never refined, and the noise's cap below is the shortest unexplained edge among
+those measured.
 
 With many noisy copies the shortest edge is the lowest of many draws of the noise, and its cap
 cuts one image's copies into pieces, or leaves them single. Two pieces an edge joins within the
@@ -278,23 +279,34 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
     # the columns of the kNN lists nearest first, in windows of w, w, 2 w, 4 w, ... columns: only
     # the edges between two groups the copy edges so far leave apart are measured (an edge
     # within a group adds no join), then, until none is left, every edge that may join two
-    # of the groups the measured edges make
+    # of the groups the measured edges make; where the groups leave out no edge of a window
+    # (no copies so far), the columns left join that window
     comp = np.arange(n)
     maybe_np = maybe.cpu().numpy()
     idx_np = idx.cpu().numpy().reshape(-1)
     column = np.tile(np.arange(k), n)
     todo = np.flatnonzero(maybe_np.reshape(-1))
+
+    def apart(flat):
+        return flat[comp[flat // k] != comp[idx_np[flat]]]
+
     start, width = 0, _FIRST_WINDOW
     while todo.size:
-        window = todo[column[todo] < start + width] if start < k else todo
-        window = window[comp[window // k] != comp[idx_np[window]]]
+        if start < k:
+            in_window = todo[column[todo] < start + width]
+            window = apart(in_window)
+            if start > 0 and window.size == in_window.size:
+                window, start = apart(todo), k
+            else:
+                start, width = start + width, start + width
+        else:
+            window = apart(todo)
+            if not window.size:
+                break
         if window.size:
             edges.measure(window)
             comp, near = _copy_components(edges, n, nu2, share, rest_min)
-        elif start >= k:
-            break
         todo = todo[~edges.done[todo]]
-        start, width = start + width, max(1, start + width)
     # groups of copies that the cap split: joined where their means are within their copies'
     # own scatter (the pairs of groups tested are those an edge joins within the noise)
     if nu2 > 0:
