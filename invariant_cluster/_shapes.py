@@ -272,7 +272,7 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
     maybe = finite & (d2.clamp(min=0).sqrt() <= bound)
     if not bool(maybe.any()):
         return None
-    edges = _CopyEdges(X, D, idx, P, copy_grid(refine_grid), given)
+    edges = _CopyEdges(X, d2, idx, P, copy_grid(refine_grid), given)
     # the edges not refined are no copy's, at their grid distance
     rest = d2[finite & ~maybe]
     rest_min = float(rest.min()) if rest.numel() else float("inf")
@@ -284,7 +284,6 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
     comp = np.arange(n)
     maybe_np = maybe.cpu().numpy()
     idx_np = idx.cpu().numpy().reshape(-1)
-    column = np.tile(np.arange(k), n)
     todo = np.flatnonzero(maybe_np.reshape(-1))
 
     def apart(flat):
@@ -293,7 +292,7 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
     start, width = 0, _FIRST_WINDOW
     while todo.size:
         if start < k:
-            in_window = todo[column[todo] < start + width]
+            in_window = todo[todo % k < start + width]
             window = apart(in_window)
             if start > 0 and window.size == in_window.size:
                 window, start = apart(todo), k
@@ -320,19 +319,19 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
 
 class _CopyEdges:
     """The copy test's measurements of the kNN graph's edges (flat indices ``i k + r`` of
-    ``idx``), made when asked: each edge refined within ``refine_grid`` from its grid
-    alignment (kept where the refinement does no better), then its squared distance and
-    resampling residual, on the images as given where ``given`` is (see :func:`find_shapes`)."""
+    ``idx``; ``d2``: their squared grid distances, float64), made when asked: each edge refined
+    within ``refine_grid`` from its grid alignment (kept where the refinement does no better),
+    then its squared distance and resampling residual, on the images as given where ``given``
+    is (see :func:`find_shapes`)."""
 
-    def __init__(self, X, D, idx, P, refine_grid, given):
+    def __init__(self, X, d2, idx, P, refine_grid, given):
         n, k = idx.shape
         self.X, self.k, self.given, self.refine_grid = X, k, given, refine_grid
         self.idx = idx.reshape(-1)
-        self.d2 = D.double().reshape(-1)
+        self.d2 = d2.reshape(-1)
         self.P = P.reshape(n * k, -1)
         self.done = np.zeros(n * k, dtype=bool)
-        self.flat = []
-        self.dist, self.resampled = [], []
+        self.parts = []
 
     def measure(self, flat):
         flat = np.asarray(flat, dtype=np.int64)
@@ -353,18 +352,14 @@ class _CopyEdges:
         else:
             resampled = alignment_residual(self.X, qi, kj, p_pair).double().pow(2)
         self.done[flat] = True
-        self.flat.append(flat)
-        self.dist.append(d_pair.cpu().numpy())
-        self.resampled.append(resampled.cpu().numpy())
+        self.parts.append((flat // self.k, kj.cpu().numpy(), d_pair.cpu().numpy(),
+                           resampled.cpu().numpy()))
 
     def measured(self):
         """``(qi, kj, d^2, e^2)`` of every edge measured so far (NumPy)."""
-        flat = np.concatenate(self.flat)
-        self.flat = [flat]
-        self.dist = [np.concatenate(self.dist)]
-        self.resampled = [np.concatenate(self.resampled)]
-        kj = self.idx[torch.as_tensor(flat, device=self.idx.device)].cpu().numpy()
-        return flat // self.k, kj, self.dist[0], self.resampled[0]
+        if len(self.parts) > 1:
+            self.parts = [tuple(np.concatenate(a) for a in zip(*self.parts))]
+        return self.parts[0]
 
 
 def _copy_components(edges, n, nu2, share, rest_min):

@@ -671,7 +671,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                 client=self.client)
         return plan, (D, idx, P)
 
-    def _copies_pose(self, Xt, Xown, M, centers, labels, rows, poses=None, params=None):
+    def _copies_pose(self, Xt, Xown, M, centers, labels, rows, poses, params):
         """The means and alignments of the copies ``rows.own`` (their own images ``Xown``;
         their shapes' first images are rows of ``Xt`` and of their means ``M``): a copy takes
         its first image's mean warped into its own pose, and its own alignment onto its
@@ -691,15 +691,10 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             K, r = Xown[s0:s0 + step], reps[s0:s0 + step]
             # the representative warped onto the copy (its pose, refined: a copy may be turned
             # by any angle), then the copy onto its centre
-            C = centers[lab[s0:s0 + step]]
-            if poses is None:
-                to_own = self._align(K, Xt[r], copies=True)
-                p = self._align(C, K)
-            else:
-                pose = poses[s0:s0 + step]
-                to_own = self._refined(K, Xt[r], invert_se2(pose))
-                p = self._refined(C, K, compose_se2(params[r].to(pose.dtype), pose),
-                                  copies=False)
+            pose = poses[s0:s0 + step]
+            to_own = self._refined(K, Xt[r], invert_se2(pose))
+            p = self._refined(centers[lab[s0:s0 + step]], K,
+                              compose_se2(params[r].to(pose.dtype), pose), copies=False)
             m = self._unframed(fast_warp(M[r], to_own.to(M.dtype))).reshape(len(K), -1).cpu()
             p = p.cpu()
             if Mown is None:
@@ -830,8 +825,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         """:meth:`_align`, refined from the alignments ``start`` instead of the grid's where
         they lie within the range searched (the grid search elsewhere, and where the fit does
         not refine)."""
-        refine_grid = self._grid(self.refine)
-        refine_grid = copy_grid(refine_grid) if copies else refine_grid
+        refine_grid = self._refine_grid(copies)
         if not (refine_grid.refine and any(refine_grid.free)):
             return self._align(Q, K, copies=copies)
         start = start.to(Q.dtype)
@@ -850,9 +844,13 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         """The alignments ``(m, 3)`` that warp each image of ``K`` onto the image of ``Q`` in
         its row: the grid search, then the refinement (``refine``; with ``copies``, within the
         range two copies of one image span, :func:`~invariant_cluster._shapes.copy_grid`)."""
+        return align(Q, K, self._grid(refine=False), self._refine_grid(copies), self.batch_size)
+
+    def _refine_grid(self, copies):
+        """The refinement's grid (``refine``), with ``copies`` within the range two copies of
+        one image span."""
         refine_grid = self._grid(self.refine)
-        return align(Q, K, self._grid(refine=False),
-                     copy_grid(refine_grid) if copies else refine_grid, self.batch_size)
+        return copy_grid(refine_grid) if copies else refine_grid
 
     def fit_predict(self, X, y=None):
         """Fit and return ``labels_``."""
