@@ -393,9 +393,10 @@ def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_si
     residual of their alignment and the noise of two means, ``s^2 (1 / n_A + 1 / n_B)``:
     ``s^2`` the scatter of a copy about its piece's mean, pooled over every piece of several
     images the copy edges made (:func:`_piece_means`), at most the largest of as many draws
-    of it as copies were measured (a gamma law of its mean and spread; one bound for every
-    round, whatever the number of pairs it tests), and only where it is within the measured
-    ``noise``. The copies measure their noise themselves:
+    of it as copies were measured or pairs the first round tests, whichever is more (a gamma
+    law of its mean and spread; one bound for every round): the bound must hold for every
+    pair tested, however few copies measured the scatter. It is used only where the scatter
+    is within the measured ``noise``. The copies measure their noise themselves:
     detail the noise estimate took for noise is no copy's scatter. A single image joins at
     most one piece, the one that explains it best (:func:`_best_explained`), and two single
     images join only where each is the other's best explanation (:func:`_mutual_singles`):
@@ -433,8 +434,8 @@ def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_si
                     scatter.size):
                 return comp
             measured = float(scatter.mean()), float(scatter.std())
-            # the largest of as many draws as copies were measured
-            unit = _gamma_quantile(*measured, 1.0 - 1.0 / (scatter.size + 1))
+            # the largest of as many draws as copies were measured or pairs are tested
+            unit = _gamma_quantile(*measured, 1.0 - 1.0 / (max(scatter.size, len(pairs)) + 1))
         # pairs with a piece of several images: the excess of the pieces' means
         means = pairs[~lone]
         rest = np.empty(len(means))
