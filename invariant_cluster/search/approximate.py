@@ -4,9 +4,12 @@
 key descriptor (``n_x n_y U V d`` multiply-adds: quadratic in ``n``). Beyond
 ``search.plan.FAISS_MIN_KEYS`` keys (on the CPU) the shortlist instead
 
-1. partitions the key copies into ``nlist`` cells by k-means and files each copy in its cell
-   (faiss's ``IndexIVFFlat``: exact distances within a cell, no quantisation),
-2. searches the ``nprobe`` cells nearest to every query copy for its ``kq`` nearest key copies,
+1. partitions the key copies into ``nlist`` cells by k-means and files each copy in its cell,
+   as a 4-bit product-quantised code of its offset from the cell's centre (two dimensions a
+   code; faiss's ``IndexIVFPQFastScan``, whose SIMD scan of the codes is the search's speed)
+   and as it is (``IndexRefineFlat``),
+2. searches the ``nprobe`` cells nearest to every query copy for its ``kq`` nearest key copies:
+   the codes' ``_REFINE_FACTOR kq`` nearest, ranked again by their exact distances,
 3. keeps per key the smallest distance over its copies, then the ``n_candidates`` nearest keys.
 
 Rows for which the search found fewer distinct keys than asked are asked again with more
@@ -44,6 +47,8 @@ _PROBES = 8
 _MIN_SCANNED = 1024
 # k-means samples at most this many key copies per cell (faiss's own default is 256)
 _TRAIN_PER_CELL = 64
+# the codes' nearest entries ranked again exactly, per entry returned (docs/design/large_fits.rst)
+_REFINE_FACTOR = 4.0
 # entries (query copies x kq) searched per block: bounds the search's temporary memory
 _BLOCK_ENTRIES = 1 << 22
 
@@ -65,26 +70,44 @@ def _faiss_threads(n):
         faiss.omp_set_num_threads(before)
 
 
+def _width(d):
+    """The index's dimension for descriptors of ``d``: even, two dimensions a code."""
+    return d + d % 2
+
+
 def _build_index(keys: np.ndarray, random_state=0):
-    """An ``IndexIVFFlat`` of the rows of ``keys`` (float32, C-contiguous) with its ``nprobe``
-    set (see the note above)."""
+    """The index of the rows of ``keys`` (float32, C-contiguous, :func:`_rows` of width
+    :func:`_width`): an inverted file of 4-bit product-quantised codes, ranked again by the
+    exact distances, with its ``nprobe`` set (see the note above)."""
     import faiss
 
-    n, d = keys.shape
+    n, width = keys.shape
     nlist = int(max(1, min(n // 39, round(_CELLS_PER_SQRT * math.sqrt(n)))))
-    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, nlist, faiss.METRIC_L2)
-    index.cp.seed = int(random_state) % (2 ** 31)
-    index.cp.max_points_per_centroid = _TRAIN_PER_CELL
+    codes = faiss.IndexIVFPQFastScan(faiss.IndexFlatL2(width), width, nlist, width // 2, 4,
+                                     faiss.METRIC_L2)
+    seed = int(random_state) % (2 ** 31)
+    codes.cp.seed = codes.pq.cp.seed = seed
+    codes.cp.max_points_per_centroid = _TRAIN_PER_CELL
+    # 16 centres a sub-space: faiss's warning asks 39 points each, the cells' bound is 39 n
+    codes.pq.cp.min_points_per_centroid = 1
+    codes.nprobe = int(min(nlist, max(_PROBES, math.ceil(_MIN_SCANNED * nlist / n))))
+    index = faiss.IndexRefineFlat(codes)
+    index.k_factor = _REFINE_FACTOR
     index.train(keys)
     index.add(keys)
-    index.nprobe = int(min(nlist, max(_PROBES, math.ceil(_MIN_SCANNED * nlist / n))))
     return index
 
 
-def _rows(desc):
-    """Descriptors ``(b, U, d)`` as the C-contiguous float32 ``(b U, d)`` array faiss reads."""
-    return np.ascontiguousarray(desc.reshape(-1, desc.shape[-1]).detach().cpu().numpy(),
-                                np.float32)
+def _rows(desc, width=None):
+    """Descriptors ``(b, U, d)`` as the C-contiguous float32 ``(b U, width)`` array faiss
+    reads, zero columns after the ``d`` (distances unchanged; ``width`` None: ``d``)."""
+    d = desc.shape[-1]
+    rows = desc.reshape(-1, d).detach().cpu().numpy()
+    if width is None or width == d:
+        return np.ascontiguousarray(rows, np.float32)
+    out = np.zeros((rows.shape[0], width), np.float32)
+    out[:, :d] = rows
+    return out
 
 
 def _distinct_keys(index, queries, kq, U, V, m, exclude):
@@ -94,10 +117,11 @@ def _distinct_keys(index, queries, kq, U, V, m, exclude):
     rows short of m keys)``."""
     n_x = queries.shape[0]
     out = torch.full((n_x, m), -1, dtype=torch.long)
-    step = max(1, _BLOCK_ENTRIES // (U * kq))
+    # the codes return _REFINE_FACTOR kq entries a query copy before the exact ranking
+    step = max(1, int(_BLOCK_ENTRIES // (U * kq * _REFINE_FACTOR)))
     for q0 in range(0, n_x, step):
         q1 = min(n_x, q0 + step)
-        D, Ind = index.search(_rows(queries[q0:q1]), kq)
+        D, Ind = index.search(_rows(queries[q0:q1], index.d), kq)
         ex = None if exclude is None else exclude[q0:q1]
         out[q0:q1] = _reduce(torch.from_numpy(D), torch.from_numpy(Ind), U, V, m, ex)
     return out, torch.nonzero(out[:, -1] < 0).flatten()
@@ -175,12 +199,11 @@ def approximate_shortlist(X_desc: torch.Tensor, Y_desc: torch.Tensor, n_candidat
         raise ValueError(f"entries_per_candidate: expected a positive number, got "
                          f"{entries_per_candidate!r}")
     kq = int(max(1, min(n_index, 2 * m, math.ceil(per * m / U))))
-    keys = _rows(Yd)
     ex = None if exclude is None else exclude.cpu().long()
     with _faiss_threads(torch.get_num_threads()), \
             progress_bar(2, "approximate shortlist", "step") as bar:
         bar.set_postfix_str(f"indexing {n_index} key copies")
-        index = _build_index(keys, random_state)
+        index = _build_index(_rows(Yd, _width(Yd.shape[-1])), random_state)
         bar.update()
         bar.set_postfix_str(f"querying {n_x * U} query copies")
         out, short = _distinct_keys(index, Xd, kq, U, V, m, ex)
