@@ -177,7 +177,7 @@ def main(argv=None):
     row["n_shapes"] = int(est.n_shapes_)
     if est.n_shapes_ < n:
         # a fit of shapes searches the shapes' invariant means (a sample's copies are its
-        # shape, not its neighbours): the recall of their exact top-15, each query's shape's
+        # shape, not its neighbours): the recall of the exact top-15 of the query's shape
         row["recall_shapes_top15"] = shapes_recall(est, q, found)
     row["recall_queries"] = int(args.recall_queries)
     row["recall_check_s"] = time.perf_counter() - t0

@@ -88,7 +88,8 @@ def _build_index(keys: np.ndarray, random_state=0):
     seed = int(random_state) % (2 ** 31)
     codes.cp.seed = codes.pq.cp.seed = seed
     codes.cp.max_points_per_centroid = _TRAIN_PER_CELL
-    # 16 centres a sub-space: faiss's warning asks 39 points each, the cells' bound is 39 n
+    # the codes' 16 centres a sub-space train on every key copy there is (the cells already
+    # ask 39 a cell): faiss's warning below 39 points a centre would only repeat that
     codes.pq.cp.min_points_per_centroid = 1
     codes.nprobe = int(min(nlist, max(_PROBES, math.ceil(_MIN_SCANNED * nlist / n))))
     index = faiss.IndexRefineFlat(codes)
