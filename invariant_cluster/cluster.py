@@ -56,7 +56,7 @@ from ._iteration import (  # noqa: F401 - the iteration's names, importable from
 from ._leiden import leiden_workers
 from ._means import cluster_means
 from ._progress import progress, progress_bar
-from ._shapes import Given, align, copy_grid, find_shapes, measure_noise
+from ._shapes import Given, align, copy_grid, find_shapes, measure_noise, split_to_count
 from ._threads import thread_limit
 from ._utils import resolve_device, torch_dtype_for
 from ._weights import attention_weights, calibrate_bandwidth  # noqa: F401 - as before
@@ -87,9 +87,11 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         many, by one principle: where the kNN graph of the shapes is complete (no more shapes
         than ``n_neighbors + 1``) it shows no community and each shape is a cluster; else
         Leiden's communities at resolution 1 (modularity). ``count_rule_`` says which. An
-        int: that many groups of shapes (Leiden's resolution searched for that count). A fit
-        equals the fit of its shapes: storing the data twice, permuting it or adding copies
-        changes neither level. See :ref:`parameters-n-clusters`.
+        int: that many groups of shapes (Leiden's resolution searched for that count); where
+        fewer shapes are found, the count says distinct images were joined, and the shapes
+        are split at their lowest normalized cuts until there are that many. A fit equals
+        the fit of its shapes: storing the data twice, permuting it or adding copies changes
+        neither level. See :ref:`parameters-n-clusters`.
     group : {"se2", "rotation", "translation", "none"}, default="se2"
         The transformations searched; "none" is plain kernel attention (mean shift on
         pixels), the baseline. See :ref:`parameters-group`.
@@ -407,7 +409,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             # 1. search: the invariant kNN graph of one representative of each group of (near)
             # duplicates, in the search's frame (rotations turn about its geometric centre)
             Xt, Xown, rows, knn, plan, noise = self._search_stage(self._framed(Xu), rows, grid,
-                                                                  filt, t0, given)
+                                                                  filt, t0, given, seed)
             del given
             del Xu
             release()
@@ -515,13 +517,15 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                   f"({time.perf_counter() - t0:.1f} s)")
         return Xu, rows.reordered(order)
 
-    def _search_stage(self, Xu, rows, grid, filt, t0, given=None):
+    def _search_stage(self, Xu, rows, grid, filt, t0, given=None, seed=0):
         """``(Xt, Xown, rows, (D, idx, P), plan, noise)``: the invariant kNN graph (squared
         distances, neighbours, grid alignments) of the representatives ``Xt``, the first image
         of each shape (:mod:`~invariant_cluster._shapes`: the groups of copies) of the
         distinct images ``Xu`` (whose rows they reuse), the other copies' own images ``Xown``
         (None without any), ``rows`` with the representatives, and the plan of the last full
-        search. ``filt``: the fitted noise filter, whose noise sets the copies' tolerance;
+        search. With ``n_clusters`` above the shapes found, the shapes are split into that many
+        (:func:`~invariant_cluster._shapes.split_to_count`, its eigenvectors started from
+        ``seed``). ``filt``: the fitted noise filter, whose noise sets the copies' tolerance;
         ``given``: ``(X1, offsets)``, the validated samples and their centring offsets where
         the fit centres them. ``noise``: the filtered images'
         :class:`~invariant_cluster._shapes.Noise`."""
@@ -532,6 +536,9 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                           batch_size=self.batch_size,
                           given=self._given_images(given, rows, filt, Xu.device))
         Xt, Xown = Xu, None
+        if dup is not None and self.n_clusters is not None:
+            dup = split_to_count(Xu, dup, knn[1], self.n_clusters, self._grid(refine=False),
+                                 self._grid(self.refine), self.batch_size, random_state=seed)
         if dup is not None:
             rows = rows.with_representatives(dup)
             # the near duplicates' own images are set aside, and the representatives

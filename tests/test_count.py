@@ -88,6 +88,30 @@ def test_copy_sets_counted(n_shapes, n_copies, seed):
     assert est.count_rule_ == "shapes" and est.n_shapes_ == est.n_clusters_
 
 
+@pytest.mark.parametrize("n_shapes, n_copies, seed, noise, noise_seed", [
+    (12, 3, 0, 0.0, None), (8, 3, 0, 0.0, None), (12, 4, 5, 0.1, 6), (12, 3, 5, 0.1, 6)])
+def test_a_given_count_splits_the_shapes_the_defaults_join(n_shapes, n_copies, seed, noise,
+                                                            noise_seed):
+    # 8 x 8 digits the defaults make 11, 7, 9 and 9 shapes of (two or more digits joined):
+    # with their count given, the shapes are split where the digits' own distances hold them
+    # least, and the partition is the digits'
+    X, y = _copies(n_shapes, n_copies, seed, noise=noise, noise_seed=noise_seed)
+    assert _fit(X).n_shapes_ < n_shapes
+    est = _fit(X, n_clusters=n_shapes)
+    assert est.n_shapes_ == est.n_clusters_ == n_shapes
+    assert adjusted_rand_score(y, est.labels_) == 1.0
+    assert adjusted_rand_score(y, est.shape_labels_) == 1.0
+
+
+def test_a_count_above_the_shapes_splits_within_shapes():
+    # 3 digits x 6 copies, 5 clusters asked: the count is honoured, and no cluster holds two
+    # digits (a split divides one shape's copies, never joins two)
+    X, y = _copies(3, 6, 1)
+    est = _fit(X, n_clusters=5)
+    assert est.n_clusters_ == est.n_shapes_ == 5
+    assert all(len(np.unique(y[est.labels_ == c])) == 1 for c in range(5))
+
+
 @pytest.mark.parametrize("n_shapes, n_copies", [(2, 40), (3, 12), (5, 4)])
 def test_noisy_copy_sets_counted(n_shapes, n_copies):
     # noise 0.1 on 8 x 8 digits, measured 0.12-0.15: the graph's shortest edge caps the copy

@@ -361,3 +361,87 @@ def test_noisy_even_sized_copies_stored_once_or_twice(draw):
         assert est.center_ and est.n_shapes_ == 4
         assert _same_partition(truth, est.shape_labels_)
         assert _same_partition(truth, est.labels_)
+
+
+def test_exact_quarter_turns_joined_by_the_defaults_are_split_by_their_count():
+    # 12 8 x 8 digits x 8 quarter turns: two digits are one shape at the defaults (marked
+    # above); with the count given they are split where their turns hold them least
+    from invariant_cluster.datasets import load_digits_images
+
+    images = load_digits_images().images.astype(np.float32)
+    picks = np.random.default_rng(12).choice(len(images), 12, replace=False)
+    X = np.concatenate([np.stack([np.rot90(images[i], j % 4) for j in range(8)])
+                        for i in picks])
+    y = np.repeat(np.arange(12), 8)
+    est = _fit(X, n_clusters=12)
+    assert est.n_shapes_ == 12 and _same_partition(y, est.shape_labels_)
+    assert _same_partition(y, est.labels_)
+
+
+# ------------------------------------------------------------------ a count above the shapes
+def _line_images(points, k):
+    """Flat 4 x 4 images of the values ``points`` and their exact kNN lists (no
+    transformation: the identity group)."""
+    import torch
+
+    from invariant_cluster.alignment import make_search_grid
+
+    X = torch.as_tensor(np.repeat(points, 16).reshape(-1, 1, 4, 4), dtype=torch.float64)
+    d2 = (points[:, None] - points[None, :]) ** 2
+    np.fill_diagonal(d2, np.inf)
+    idx = torch.as_tensor(np.argsort(d2, axis=1, kind="stable")[:, :k])
+    grid = make_search_grid("none", refine=False)
+    return X, idx, grid
+
+
+def test_a_count_above_the_shapes_splits_the_joined_shape():
+    from invariant_cluster._shapes import split_to_count
+
+    # three groups of 5 images, the first two joined into one shape; exact copies (distance
+    # 0) make the third: split into 3, the joined shape is cut between its two groups
+    points = np.r_[np.linspace(0, 1, 5), np.linspace(10, 11, 5), np.zeros(5) + 30.0]
+    rep = np.r_[np.zeros(10, dtype=np.int64), np.full(5, 10)]
+    X, idx, grid = _line_images(points, 6)
+    split = split_to_count(X, rep, idx, 3, grid, grid)
+    np.testing.assert_array_equal(split, np.repeat([0, 5, 10], 5))
+    # as many shapes as the count, or more: unchanged
+    np.testing.assert_array_equal(split_to_count(X, rep, idx, 2, grid, grid), rep)
+    np.testing.assert_array_equal(split_to_count(X, rep, idx, 1, grid, grid), rep)
+    # the order of the images changes no part
+    perm = np.random.default_rng(0).permutation(15)
+    X2, idx2, _ = _line_images(points[perm], 6)
+    first = np.array([np.flatnonzero(rep[perm] == r).min() for r in rep[perm]])
+    split = split_to_count(X2, first, idx2, 3, grid, grid)
+    assert _same_partition(split, np.repeat([0, 1, 2], 5)[perm])
+
+
+def test_a_count_above_the_images_splits_every_shape_into_its_images():
+    from invariant_cluster._shapes import split_to_count
+
+    points = np.r_[np.zeros(3), np.zeros(3) + 5.0]
+    X, idx, grid = _line_images(points, 5)
+    split = split_to_count(X, np.repeat([0, 3], 3), idx, 10, grid, grid)
+    assert len(np.unique(split)) == 6
+
+
+def test_a_large_joined_shape_is_split_by_the_sparse_eigensolver():
+    import torch
+
+    from invariant_cluster.alignment import make_search_grid
+    from invariant_cluster._shapes import _DENSE_EIGEN, split_to_count
+
+    # one shape of two blobs of 4 x 4 images (pixels drawn about two levels), more images
+    # than the dense eigendecomposition takes, some kNN edges between the blobs
+    m = _DENSE_EIGEN // 2 + 100
+    rng = np.random.default_rng(0)
+    Z = rng.standard_normal((2 * m, 16)) + np.repeat([0.0, 1.2], m)[:, None]
+    d2 = ((Z[:, None] - Z[None]) ** 2).sum(-1)
+    np.fill_diagonal(d2, np.inf)
+    idx = np.argsort(d2, axis=1)[:, :10]
+    y = np.repeat([0, 1], m)
+    assert (y[idx] != y[:, None]).any()
+    X = torch.as_tensor(Z.reshape(-1, 1, 4, 4))
+    grid = make_search_grid("none", refine=False)
+    split = split_to_count(X, np.zeros(2 * m, dtype=np.int64), torch.as_tensor(idx), 2, grid,
+                           grid)
+    assert adjusted_rand_score(y, split) > 0.9
