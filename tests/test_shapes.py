@@ -427,8 +427,8 @@ def test_a_count_above_the_images_splits_every_shape_into_its_images():
 def test_a_large_joined_shape_is_split_by_the_sparse_eigensolver():
     import torch
 
-    from invariant_cluster.alignment import make_search_grid
     from invariant_cluster._shapes import _DENSE_EIGEN, split_to_count
+    from invariant_cluster.alignment import make_search_grid
 
     # one shape of two blobs of 4 x 4 images (pixels drawn about two levels), more images
     # than the dense eigendecomposition takes, some kNN edges between the blobs
