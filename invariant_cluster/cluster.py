@@ -56,7 +56,8 @@ from ._iteration import (  # noqa: F401 - the iteration's names, importable from
 from ._leiden import leiden_workers
 from ._means import cluster_means
 from ._progress import progress, progress_bar
-from ._shapes import Given, align, copy_grid, find_shapes, measure_noise, split_to_count
+from ._shapes import Given, align, copy_grid, find_shapes, measure_noise
+from ._split import split_to_count
 from ._threads import thread_limit
 from ._utils import resolve_device, torch_dtype_for
 from ._weights import attention_weights, calibrate_bandwidth  # noqa: F401 - as before
@@ -524,7 +525,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         distinct images ``Xu`` (whose rows they reuse), the other copies' own images ``Xown``
         (None without any), ``rows`` with the representatives, and the plan of the last full
         search. With ``n_clusters`` above the shapes found, the shapes are split into that many
-        (:func:`~invariant_cluster._shapes.split_to_count`, its eigenvectors started from
+        (:func:`~invariant_cluster._split.split_to_count`, its eigenvectors started from
         ``seed``). ``filt``: the fitted noise filter, whose noise sets the copies' tolerance;
         ``given``: ``(X1, offsets)``, the validated samples and their centring offsets where
         the fit centres them. ``noise``: the filtered images'

@@ -395,7 +395,7 @@ def _line_images(points, k):
 
 
 def test_a_count_above_the_shapes_splits_the_joined_shape():
-    from invariant_cluster._shapes import split_to_count
+    from invariant_cluster._split import split_to_count
 
     # three groups of 5 images, the first two joined into one shape; exact copies (distance
     # 0) make the third: split into 3, the joined shape is cut between its two groups
@@ -416,7 +416,7 @@ def test_a_count_above_the_shapes_splits_the_joined_shape():
 
 
 def test_a_count_above_the_images_splits_every_shape_into_its_images():
-    from invariant_cluster._shapes import split_to_count
+    from invariant_cluster._split import split_to_count
 
     points = np.r_[np.zeros(3), np.zeros(3) + 5.0]
     X, idx, grid = _line_images(points, 5)
@@ -427,7 +427,7 @@ def test_a_count_above_the_images_splits_every_shape_into_its_images():
 def test_a_large_joined_shape_is_split_by_the_sparse_eigensolver():
     import torch
 
-    from invariant_cluster._shapes import _DENSE_EIGEN, split_to_count
+    from invariant_cluster._split import _DENSE_EIGEN, split_to_count
     from invariant_cluster.alignment import make_search_grid
 
     # one shape of two blobs of 4 x 4 images (pixels drawn about two levels), more images
