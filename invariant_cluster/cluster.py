@@ -538,8 +538,11 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                           given=self._given_images(given, rows, filt, Xu.device))
         Xt, Xown = Xu, None
         if dup is not None and self.n_clusters is not None:
+            found = np.unique(dup).size
             dup = split_to_count(Xu, dup, knn[1], self.n_clusters, self._grid(refine=False),
                                  self._grid(self.refine), self.batch_size, random_state=seed)
+            if np.unique(dup).size > found:
+                self._log(f"{found} shapes split into {np.unique(dup).size}, the count given")
         if dup is not None:
             rows = rows.with_representatives(dup)
             # the near duplicates' own images are set aside, and the representatives
