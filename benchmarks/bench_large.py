@@ -106,6 +106,11 @@ class TreeRSS:
         self._thread.join()
 
 
+def mean_overlap(exact, found, k=15):
+    """The share of each row of ``exact`` found in the same row of ``found``, averaged."""
+    return float(np.mean([len(set(a) & set(b)) / float(k) for a, b in zip(exact, found)]))
+
+
 def shapes_recall(est, queries, found, k=15):
     """The share of the exact ``k`` nearest shapes of each query's shape (the grid search of
     its invariant mean against the others', ``est.shape_means_``) among the shapes of the
@@ -120,8 +125,7 @@ def shapes_recall(est, queries, found, k=15):
     own = torch.as_tensor(shape[queries])
     with torch.no_grad():
         _, exact, _ = grid_search(means[own], means, est._grid(refine=False), k=k, exclude=own)
-    return float(np.mean([len(set(a) & set(shape[b].tolist())) / float(k)
-                          for a, b in zip(exact.numpy().tolist(), found)]))
+    return mean_overlap(exact.numpy().tolist(), [shape[b].tolist() for b in found], k)
 
 
 def representatives_recall(est, Xf, queries, k=15):
@@ -144,8 +148,8 @@ def representatives_recall(est, Xf, queries, k=15):
     with torch.no_grad():
         _, exact, _ = grid_search(keys[own], keys, est._grid(refine=False), k=k, exclude=own)
     found = est.neighbors_[picked, 1:k + 1]
-    return float(np.mean([len(set(known[a].tolist()) & set(shape[b].tolist())) / float(k)
-                          for a, b in zip(exact.numpy(), found)])), len(picked)
+    return mean_overlap([known[a].tolist() for a in exact.numpy()],
+                        [shape[b].tolist() for b in found], k), len(picked)
 
 
 def table_rows(result):
@@ -198,8 +202,7 @@ def main(argv=None):
         _, exact, _ = grid_search(Xf[q], Xf, est._grid(refine=False), k=15,
                                   exclude=torch.as_tensor(q))
     found = est.neighbors_[q, 1:16]
-    row["recall_exact_top15"] = float(np.mean([len(set(a) & set(b)) / 15.0
-                                               for a, b in zip(exact.numpy(), found)]))
+    row["recall_exact_top15"] = mean_overlap(exact.numpy().tolist(), found.tolist())
     row["n_shapes"] = int(est.n_shapes_)
     if est.n_shapes_ < n:
         # a fit of shapes searches one image of each shape (a sample's copies are its shape,

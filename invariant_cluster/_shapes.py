@@ -564,5 +564,3 @@ def _piece_means(X, comp, size, pieces, at, grid, refine_grid, batch_size, scatt
         r2 = (r2 - _round_trip_residual(mean, back).double().pow(2)).clamp(min=0)
         spread.append(r2.cpu().numpy() * factor[comp[mb]])
     return M, np.concatenate(spread)
-
-

@@ -48,9 +48,10 @@ def split_to_count(X, rep, idx, count, grid, refine_grid, batch_size=None, rando
     keep = (cols >= 0) & (rows != cols)
     keep[keep] = labels[rows[keep]] == labels[cols[keep]]
     pairs = [np.stack([rows[keep], cols[keep]], 1)]
+    # the images of each shape
+    shapes = np.split(np.argsort(labels, kind="stable"), np.cumsum(np.bincount(labels))[:-1])
     # a shape no larger than a kNN list could hold: all its pairs
-    size = np.bincount(labels)
-    for members in np.split(np.argsort(labels, kind="stable"), np.cumsum(size)[:-1]):
+    for members in shapes:
         if 2 < members.size <= nb.shape[1] + 1:
             a, b = np.triu_indices(members.size, 1)
             pairs.append(np.stack([members[a], members[b]], 1))
@@ -77,8 +78,7 @@ def split_to_count(X, rep, idx, count, grid, refine_grid, batch_size=None, rando
             cut, side = _best_cut(graph[members][:, members], scale, rng)
             heapq.heappush(heap, (cut, int(members[0]), members, side))
 
-    for members in np.split(np.argsort(labels, kind="stable"),
-                            np.cumsum(np.bincount(labels))[:-1]):
+    for members in shapes:
         push(members)
     piece = labels.copy()
     top = int(piece.max()) + 1

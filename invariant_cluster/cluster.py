@@ -541,8 +541,9 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             found = np.unique(dup).size
             dup = split_to_count(Xu, dup, knn[1], self.n_clusters, self._grid(refine=False),
                                  self._grid(self.refine), self.batch_size, random_state=seed)
-            if np.unique(dup).size > found:
-                self._log(f"{found} shapes split into {np.unique(dup).size}, the count given")
+            split = np.unique(dup).size
+            if split > found:
+                self._log(f"{found} shapes split into {split}, the count given")
         if dup is not None:
             rows = rows.with_representatives(dup)
             # the near duplicates' own images are set aside, and the representatives
