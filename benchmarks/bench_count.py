@@ -33,7 +33,9 @@ Methods, in the same run on the same data (every baseline uses the estimator's s
 - ``hdbscan_invariant``: scikit-learn's HDBSCAN (``min_cluster_size=3``) on the dense invariant
   grid distances (``sqrt`` of ``invariant_distances(refine=False)``, made symmetric by the
   minimum); n <= 5,000;
-  noise (-1) is one more label for ARI/ACC and is not counted as a cluster;
+  noise (-1) is one more label for ARI/ACC and is not counted as a cluster; with ``--given``,
+  its row's ``ari_given_k`` is average linkage (scikit-learn's ``AgglomerativeClustering``)
+  on the same distances with the true count;
 - ``leiden_modularity``: Leiden (leidenalg, modularity, resolution 1) on the invariant 15-NN
   graph (``InvariantKNeighborsTransformer``), weights ``exp(-d / median(d))`` made symmetric
   by the maximum;
@@ -286,6 +288,14 @@ def hdbscan_invariant(D):
     return HDBSCAN(metric="precomputed", min_cluster_size=3, copy=True).fit_predict(D)
 
 
+def average_linkage(D, n_clusters):
+    """``n_clusters`` groups of the dense distances ``D`` by average linkage (scikit-learn)."""
+    from sklearn.cluster import AgglomerativeClustering
+
+    return AgglomerativeClustering(n_clusters=n_clusters, metric="precomputed",
+                                   linkage="average").fit_predict(D)
+
+
 def leiden_modularity(X, search, seed):
     import igraph
     import leidenalg
@@ -375,8 +385,15 @@ def run_methods(X, y, search, seed, base, given_k=None, methods=METHODS):
         else:
             try:
                 lab, t = timed(hdbscan_invariant, D)
+                extra = {}
+                if given_k is not None:
+                    # the count given: average linkage on the same distances
+                    lab_k, t_k = timed(average_linkage, D, given_k)
+                    given = measure(y, lab_k)
+                    extra.update(acc_given_k=given["acc"], ari_given_k=given["ari"],
+                                 seconds_given_k=t_dist + t_k)
                 add("hdbscan_invariant", lab, t_dist + t, dist_seconds=t_dist,
-                    noise_fraction=float(np.mean(lab < 0)))
+                    noise_fraction=float(np.mean(lab < 0)), **extra)
             except Exception as e:
                 add("hdbscan_invariant", error=error_text(e))
 
