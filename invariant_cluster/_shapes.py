@@ -37,7 +37,10 @@ cuts one image's copies into pieces, or leaves them single. Two pieces an edge j
 noise are one shape when their means are as close as two means of copies are, two single images
 only where each is the other's best explanation (:func:`_merge_pieces`): the copies' own scatter
 about their pieces' means measures the noise there, so detail the noise estimate read as noise
-joins nothing. The measurements behind the rule: ``docs/design/shapes.rst``.
+joins nothing. Where the copies scatter less than the lowest of as many draws of the
+estimated noise (exact copies: not at all), the estimate read the images' own detail as
+noise, as it does on 8 x 8 digits: their scatter is then the noise, and the edges are tested
+again with it. The measurements behind the rule: ``docs/design/shapes.rst``.
 """
 
 from __future__ import annotations
@@ -166,6 +169,13 @@ class Noise(NamedTuple):
             return 1.0
         return _gamma_quantile(1.0, self.power_std / self.power, 1.0 - 1.0 / (n_draws + 1))
 
+    def lowest_share(self, n_draws: int) -> float:
+        """The smallest of ``n_draws`` draws of a noise's squared norm over its mean: the
+        ``1 / (n_draws + 1)`` quantile of the same gamma law (1 without noise)."""
+        if self.power <= 0:
+            return 1.0
+        return _gamma_quantile(1.0, self.power_std / self.power, 1.0 / (n_draws + 1))
+
 
 def _gamma_quantile(mean, std, q):
     if mean <= 0:
@@ -281,37 +291,47 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
     # within a group adds no join), then, until none is left, every edge that may join two
     # of the groups the measured edges make; where the groups leave out no edge of a window
     # (no copies so far), the columns left join that window
-    comp = np.arange(n)
-    maybe_np = maybe.cpu().numpy()
+    comp, near = np.arange(n), None
+    maybe_np = maybe.cpu().numpy().reshape(-1)
     idx_np = idx.cpu().numpy().reshape(-1)
-    todo = np.flatnonzero(maybe_np.reshape(-1))
 
     def apart(flat):
         return flat[comp[flat // k] != comp[idx_np[flat]]]
 
-    start, width = 0, _FIRST_WINDOW
-    while todo.size:
-        if start < k:
-            in_window = todo[todo % k < start + width]
-            window = apart(in_window)
-            if start > 0 and window.size == in_window.size:
-                window, start = apart(todo), k
+    def close(todo, start, width, nu2):
+        nonlocal comp, near
+        while todo.size:
+            if start < k:
+                in_window = todo[todo % k < start + width]
+                window = apart(in_window)
+                if start > 0 and window.size == in_window.size:
+                    window, start = apart(todo), k
+                else:
+                    start, width = start + width, start + width
             else:
-                start, width = start + width, start + width
-        else:
-            window = apart(todo)
-            if not window.size:
-                break
-        if window.size:
-            edges.measure(window)
-            comp, near = _copy_components(edges, n, nu2, share, rest_min)
-        todo = todo[~edges.done[todo]]
+                window = apart(todo)
+                if not window.size:
+                    break
+            if window.size:
+                edges.measure(window)
+                comp, near = _copy_components(edges, n, nu2, share, rest_min)
+            todo = todo[~edges.done[todo]]
+
+    close(np.flatnonzero(maybe_np), 0, _FIRST_WINDOW, nu2)
     # groups of copies that the cap split: joined where their means are within their copies'
     # own scatter (the pairs of groups tested are those an edge joins within the noise)
     if nu2 > 0:
-        qa, kb, excess = near
-        comp = _merge_pieces(X, comp, qa, kb, excess, noise, grid, copy_grid(refine_grid),
-                             batch_size)
+        comp, quiet = _merge_pieces(X, comp, *near, noise, grid, copy_grid(refine_grid),
+                                    batch_size, check_quiet=True)
+        if quiet is not None:
+            # the copies scatter less than the lowest draw of the estimated noise: the
+            # estimate read the images' own detail as noise, and the copies' scatter is the
+            # noise; the edges are tested again with it (those it leaves apart measured too)
+            noise = Noise(quiet, noise.power_std * quiet / noise.power)
+            comp, near = _copy_components(edges, n, quiet, share, rest_min)
+            close(np.flatnonzero(maybe_np & ~edges.done), k, 0, quiet)
+            comp, _ = _merge_pieces(X, comp, *near, noise, grid, copy_grid(refine_grid),
+                                    batch_size)
     if comp.max() + 1 == n:
         return None
     return first_of_each(comp)[comp]
@@ -386,7 +406,8 @@ def _copy_components(edges, n, nu2, share, rest_min):
     return comp, (qi[near], kj[near], excess[near])
 
 
-def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_size):
+def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_size,
+                  check_quiet=False):
     """``comp`` once the pieces (its labels) that are copies of one image are joined, in
     rounds until none joins. Two pieces ``A``, ``B`` joined by one of the edges ``(qa, kb)``
     are one shape when the invariant distance of their means is within the resampling
@@ -402,15 +423,20 @@ def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_si
     images join only where each is the other's best explanation (:func:`_mutual_singles`):
     where the shortest edge that caps the noise is a copy pair itself (a near copy of every
     image), the cap leaves every copy single. ``excess_ab``: each edge's squared distance less
-    its resampling residual."""
+    its resampling residual.
+
+    Returns ``(comp, quiet)``: ``quiet`` is None, or with ``check_quiet``, where the copies'
+    scatter is below the lowest of as many draws of ``noise`` (the estimate took the images'
+    own detail for noise), that scatter's mean, with ``comp`` as given."""
     comp = np.unique(comp, return_inverse=True)[1]
     measured = None
     while True:
         size = np.bincount(comp)
         a, b = comp[qa], comp[kb]
         keep = a != b
-        if not keep.any():
-            return comp
+        # (with check_quiet, the scatter is measured even where no pair is left to test)
+        if not keep.any() and not (check_quiet and measured is None):
+            return comp, None
         pairs, inverse = np.unique(np.stack([np.minimum(a, b), np.maximum(a, b)], 1)[keep],
                                    axis=0, return_inverse=True)
         # two single images: the excess of their edge (the lower of its two directions)
@@ -432,7 +458,9 @@ def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_si
             # images (their copy edges joined what the estimate could not tell apart)
             if scatter.size == 0 or scatter.mean() > noise.power * noise.highest_share(
                     scatter.size):
-                return comp
+                return comp, None
+            if check_quiet and scatter.mean() < noise.power * noise.lowest_share(scatter.size):
+                return comp, float(scatter.mean())
             measured = float(scatter.mean()), float(scatter.std())
             # the largest of as many draws as copies were measured or pairs are tested
             unit = _gamma_quantile(*measured, 1.0 - 1.0 / (max(scatter.size, len(pairs)) + 1))
@@ -454,7 +482,7 @@ def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_si
                               measured[0])
         ok &= _mutual_singles(pairs, size, excess, ok, lone, measured[0])
         if not ok.any():
-            return comp
+            return comp, None
         m = size.size
         _, joined = connected_components(
             coo_matrix((np.ones(int(ok.sum())), (pairs[ok, 0], pairs[ok, 1])), shape=(m, m)),
