@@ -208,8 +208,8 @@ HEADLINE = [
     ("Counting clusters: 150 sets of copies at any angle, shapes drawn after the design",
      "sets with the exact count and ARI >= 0.95 (largest count error)", "how-many-clusters",
      [("count_draws_seed191_quiet", COUNT, "`n_clusters=None`", ALL, "{v}")],
-     [("count_draws_seed191_quiet", COUNT, "HDBSCAN on `invariant_distances`", ALL, "HDBSCAN on the "
-       "invariant distances {v};"),
+     [("count_draws_seed191_quiet", COUNT, "HDBSCAN on `invariant_distances`", ALL,
+       "HDBSCAN on the invariant distances {v};"),
       ("count_draws_seed191_quiet", COUNT, "Leiden (modularity) on the kNN graph", ALL,
        "Leiden on the samples' graph {v}")]),
     ("Aligning image pairs (36 rot x 1 shifts)", "pairs per second", "alignment-search",

@@ -426,16 +426,16 @@ def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_si
     its resampling residual.
 
     Returns ``(comp, quiet)``: ``quiet`` is None, or with ``check_quiet``, where the copies'
-    scatter is below the lowest of as many draws of ``noise`` (the estimate took the images'
-    own detail for noise), that scatter's mean, with ``comp`` as given."""
+    scatter (measured where a pair is left to test) is below the lowest of as many draws of
+    ``noise`` (the estimate took the images' own detail for noise), that scatter's mean, with
+    ``comp`` as given."""
     comp = np.unique(comp, return_inverse=True)[1]
     measured = None
     while True:
         size = np.bincount(comp)
         a, b = comp[qa], comp[kb]
         keep = a != b
-        # (with check_quiet, the scatter is measured even where no pair is left to test)
-        if not keep.any() and not (check_quiet and measured is None):
+        if not keep.any():
             return comp, None
         pairs, inverse = np.unique(np.stack([np.minimum(a, b), np.maximum(a, b)], 1)[keep],
                                    axis=0, return_inverse=True)
