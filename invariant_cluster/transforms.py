@@ -377,6 +377,14 @@ def sample_images(images: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
     """Bilinear, zero-padded sampling (``align_corners=True``) of ``(B, C, H, W)`` images at a
     ``(B, H', W', 2)`` grid of normalised coordinates: ``grid_sample``, in calls of at most
     ``_memory.GRID_SAMPLE_MAX_BATCH`` images and fewer than ``2**31`` elements each."""
+    h, w = images.shape[-2:]
+    if h == 1 or w == 1:
+        # align_corners=True normalises by the side less one, so grid_sample maps every
+        # coordinate of a one-pixel side onto that pixel: the side gets a zero pixel at each
+        # end, and its pixel x, at 2 x - 1 in the grid (normalised_scale), is x + 1 of three
+        images = F.pad(images, (int(w == 1),) * 2 + (int(h == 1),) * 2)
+        grid = torch.stack([(g + 1.0) * 0.5 if one else g
+                            for g, one in ((grid[..., 0], w == 1), (grid[..., 1], h == 1))], -1)
     n = images.shape[0]
     c, ho, wo = images.shape[1], grid.shape[1], grid.shape[2]
     step = _batch_step(max(images[0].numel(), grid[0].numel(), c * ho * wo))

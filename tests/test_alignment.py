@@ -345,7 +345,7 @@ class TestTypes:
 # ----------------------------------------------------------------------------- fast_warp
 class TestFastWarp:
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-    @pytest.mark.parametrize("shape", [(5, 1, 8, 8), (4, 3, 7, 10), (3, 2, 1, 9)])
+    @pytest.mark.parametrize("shape", [(5, 1, 8, 8), (4, 3, 7, 10), (3, 2, 1, 9), (3, 1, 9, 1)])
     def test_equals_warp_se2(self, dtype, shape):
         gen = torch.Generator().manual_seed(1)
         x = torch.rand(shape, dtype=dtype, generator=gen)
