@@ -165,16 +165,17 @@ class Noise(NamedTuple):
         ``power_std / power`` (1 without noise). The difference of two independent noises,
         and of two means of them, is white noise of the same pixels: the same relative
         spread."""
-        if self.power <= 0:
-            return 1.0
-        return _gamma_quantile(1.0, self.power_std / self.power, 1.0 - 1.0 / (n_draws + 1))
+        return self._share(1.0 - 1.0 / (n_draws + 1))
 
     def lowest_share(self, n_draws: int) -> float:
         """The smallest of ``n_draws`` draws of a noise's squared norm over its mean: the
         ``1 / (n_draws + 1)`` quantile of the same gamma law (1 without noise)."""
+        return self._share(1.0 / (n_draws + 1))
+
+    def _share(self, q: float) -> float:
         if self.power <= 0:
             return 1.0
-        return _gamma_quantile(1.0, self.power_std / self.power, 1.0 / (n_draws + 1))
+        return _gamma_quantile(1.0, self.power_std / self.power, q)
 
 
 def _gamma_quantile(mean, std, q):
