@@ -579,13 +579,15 @@ def quotient_graph(graph, sizes=None):
     return (graph + diags(loops, format="csr")).tocsr()
 
 
-def vote(labels_fit: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """Majority label among each query's fitted neighbours ``index`` ``(m, k)`` (ties: the
-    label of the nearer neighbour)."""
+def vote(labels_fit: np.ndarray, index: np.ndarray, weights=None) -> np.ndarray:
+    """Majority label among each query's fitted neighbours ``index`` ``(m, k)``, each counted
+    ``weights`` times (None: once; ties: the label of the nearer neighbour)."""
     m, k = index.shape
     n_labels = int(labels_fit.max()) + 1
     counts = np.zeros((m, n_labels))
     # a tiny bonus by rank breaks ties in favour of the nearest neighbours
-    np.add.at(counts, (np.repeat(np.arange(m), k), labels_fit[index].ravel()),
-              np.tile(1.0 + 1e-3 * (k - np.arange(k)) / k, m))
+    votes = np.tile(1.0 + 1e-3 * (k - np.arange(k)) / k, m)
+    if weights is not None:
+        votes = votes * np.asarray(weights, dtype=np.float64)[index.ravel()]
+    np.add.at(counts, (np.repeat(np.arange(m), k), labels_fit[index].ravel()), votes)
     return counts.argmax(1).astype(np.int64)

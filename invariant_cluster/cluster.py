@@ -208,8 +208,9 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
     Attributes
     ----------
     labels_ : ndarray of shape (n_samples,)
-        Cluster of each sample, from the grouping of the kNN graph (largest cluster first).
-        ``predict`` votes among the nearest fitted samples instead.
+        Cluster of each sample, from the grouping of the kNN graph (largest cluster first, in
+        samples, or in their ``sample_weight``; ties in an order set by the images' content,
+        not by the samples'). ``predict`` votes among the nearest fitted images instead.
     graph_ : str
         The graph that was grouped: "samples", "means" or "both".
     count_rule_ : str
@@ -219,7 +220,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
     shape_labels_ : ndarray of shape (n_samples,)
         The shape of each sample: samples whose refined invariant distance is within what the
         resampling and the measured noise put between two copies of one image are one shape
-        (largest first). See :ref:`parameters-shapes`.
+        (largest first, as ``labels_``; -1 for a sample of weight 0). See
+        :ref:`parameters-shapes`.
     n_shapes_ : int
     shape_means_ : ndarray of shape (n_shapes_, n_features)
         Each shape's invariant mean, in the pose of its first image.
@@ -365,7 +367,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=True)
     @reusing_heap
-    def fit(self, X, y=None):
+    def fit(self, X, y=None, sample_weight=None):
         """Search, calibrate, iterate invariant attention to its fixed point, group, centre.
 
         Parameters
@@ -374,12 +376,26 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             Training images. Integers (``uint8`` included) and bools are taken at their
             values in float32, not rescaled (the results are in the units of ``X``).
         y : Ignored
+        sample_weight : array-like of shape (n_samples,), default=None
+            How many samples each image stands for (non-negative; None: one each). A weight
+            of ``w`` fits as the image stored ``w`` times: it weighs in the attention, the
+            shapes' means, the count and the vote of ``predict``, so a shape's copies replaced
+            by one of them, weighted by their number, fit as the copies do. A sample of
+            weight 0 takes no part in the fit, as if left out: its label is ``predict``'s,
+            its shape -1, and its other per-sample attributes NaN (-1 in ``neighbors_``).
 
         Returns
         -------
         self : object
         """
         X1 = self._validate(X, reset=True)
+        weights = _check_sample_weight(sample_weight, X1.shape[0])
+        kept = None
+        if weights is not None and (weights == 0).any():
+            # a sample of weight 0 is left out of the fit and labelled by predict after it
+            kept = np.flatnonzero(weights > 0)
+            X_all, X1 = X1, X1[kept]
+            weights = weights[kept] if (weights[kept] != 1.0).any() else None
         X2, offsets = self._centred(X1, reset=True)
         dev = resolve_device(self.device)
         grid = self._grid(refine=False)
@@ -387,7 +403,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         self._check_fits(X2, grid, dev)
         # the distinct images in an order set by their content: the fit does not depend on the
         # order of the samples or on how often an image is stored (see _duplicates)
-        rows = _Rows.distinct(X2)
+        rows = _Rows.distinct(X2, weights)
         Xu = self._tensor(X2[rows.distinct_samples], dev, copy=False)  # a new array
         # 0. the noise, measured on (at most 10,000 of) the distinct images
         filt = RadialWiener(self._noise_level(X1, offsets, rows, dev),
@@ -459,15 +475,39 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
                                          means, Mown, Pown, rho, sigma, idx, W, history)
         fitted.update(filter_=filt, noise_std_=float(filt.noise_std_), search_plan_=plan,
                       graph_=grouped.graph, count_rule_=grouped.count_rule,
-                      shape_labels_=_relabel_by_size(rows.rows_of_samples).astype(np.int64),
+                      shape_labels_=rows.by_size(np.arange(rows.n_rows)),
                       n_shapes_=rows.n_rows)
         order = np.zeros(rows.n_rows, dtype=np.int64)
         order[fitted["shape_labels_"]] = rows.rows_of_samples
         fitted["shape_means_"] = shape_means[order].astype(X2.dtype, copy=False)
         for name, value in fitted.items():
             setattr(self, name, value)
+        if kept is not None:
+            self._add_weightless(X_all, kept)
         self._log(f"done: {self.n_clusters_} clusters in {time.perf_counter() - t0:.1f} s")
         return self
+
+    # the per-sample attributes, and what a sample of weight 0 holds in each
+    _PER_SAMPLE = dict(labels_=None, shape_labels_=-1, invariant_means_=np.nan,
+                       alignments_=np.nan, bandwidth_=np.nan, rho_=np.nan, neighbors_=-1,
+                       attention_weights_=np.nan)
+
+    def _add_weightless(self, X_all, kept):
+        """The per-sample attributes of the samples of weight 0 (those of ``X_all``, the
+        validated input, not in ``kept``): ``predict``'s label, and no part in the fit."""
+        n = X_all.shape[0]
+        left = np.setdiff1d(np.arange(n), kept)
+        for name, fill in self._PER_SAMPLE.items():
+            value = getattr(self, name)
+            if name == "neighbors_":
+                value = kept[value]
+            full = np.empty((n, *value.shape[1:]), dtype=value.dtype)
+            full[kept] = value
+            if fill is None:
+                full[left] = self._vote(self._centred(X_all[left])[0])
+            else:
+                full[left] = fill
+            setattr(self, name, full)
 
     def _noise_level(self, X1, offsets, rows, dev):
         """``noise_std`` as given, or where the fit centres the images (``offsets``) measured
@@ -609,7 +649,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         n = X2.shape[0]
         out = {}
         # labels by decreasing size, ties in the order of the input
-        out["labels_"] = _relabel_by_size(rows.to_samples(labels)).astype(np.int64)
+        out["labels_"] = rows.by_size(labels)
         n_clusters = int(labels.max()) + 1
         out["n_clusters_"] = n_clusters
         order = np.zeros(n_clusters, dtype=np.int64)
@@ -631,9 +671,13 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         out["alignments_"] = alignments
         out["bandwidth_"] = rows.to_samples(sigma.cpu().numpy().astype(np.float64))
         out["rho_"] = rows.to_samples(rho.cpu().numpy().astype(np.float64))
-        # predict votes among the nearest fitted samples, as KNeighborsClassifier does
-        # (the input as validated and centred, filtered again by predict)
-        out["_fit_X"] = X2
+        # predict votes among the nearest distinct fitted images, each as often as it is
+        # stored: the vote of KNeighborsClassifier, unchanged by storing the data twice (the
+        # input as validated and centred, filtered again by predict)
+        distinct = rows.distinct_samples
+        out["_fit_X"] = X2[distinct]
+        out["_fit_labels"] = out["labels_"][distinct]
+        out["_fit_weights"] = rows.stored
         # the samples each attended to, as indices of the input (a representative's original)
         out["neighbors_"] = np.concatenate(
             [np.arange(n)[:, None], rows.to_samples(rows.original(idx.cpu().numpy()))], 1)
@@ -797,7 +841,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         if Xown is None or not len(rows.own):
             return None
         dev = Xt.device
-        stored = np.bincount(rows.inverse, minlength=rows.n_distinct).astype(np.float64)
+        stored = rows.stored
         own_row = rows.row_of_distinct[rows.own]
         multi = np.unique(own_row)
         at = np.full(rows.n_rows, -1, dtype=np.int64)
@@ -864,9 +908,9 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         refine_grid = self._grid(self.refine)
         return copy_grid(refine_grid) if copies else refine_grid
 
-    def fit_predict(self, X, y=None):
-        """Fit and return ``labels_``."""
-        return self.fit(X).labels_
+    def fit_predict(self, X, y=None, sample_weight=None):
+        """Fit and return ``labels_`` (``sample_weight``: as in :meth:`fit`)."""
+        return self.fit(X, sample_weight=sample_weight).labels_
 
     # ------------------------------------------------------------------ predict / transform
     def _distances_to_centers(self, X):
@@ -904,11 +948,13 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
 
     @reusing_heap
     def predict(self, X):
-        """The cluster most common among the ``n_neighbors`` invariant nearest fitted samples.
+        """The cluster most common among the ``n_neighbors`` invariant nearest fitted images.
 
         As scikit-learn's ``KNeighborsClassifier`` with ``labels_`` as targets (ties: the label
         of the nearer neighbours): a cluster follows the shape of the kNN graph, which one
-        centre per cluster cannot. ``transform`` gives the distances to the centres.
+        centre per cluster cannot. An image stored several times is one neighbour that votes
+        as often as it is stored, so the data stored twice predict as the data once.
+        ``transform`` gives the distances to the centres.
 
         Parameters
         ----------
@@ -919,7 +965,10 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         labels : ndarray of shape (n_samples,)
         """
         check_is_fitted(self)
-        X2, _ = self._centred(self._validate(X, reset=False))
+        return self._vote(self._centred(self._validate(X, reset=False))[0])
+
+    def _vote(self, X2):
+        """:meth:`predict` of the validated, centred images ``X2``."""
         dev = resolve_device(self.device)
         fit_X = self._fit_X
         k = int(min(self.n_neighbors, len(fit_X)))
@@ -931,12 +980,37 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
             Xf = self._framed(self._filtered(self._tensor(fit_X, dev)))
             _, idx, _ = knn_search(Xq, Xf, grid, k,
                                    plan=plan, batch_size=self.batch_size, client=self.client)
-        return vote(self.labels_, idx.cpu().numpy())
+        return vote(self._fit_labels, idx.cpu().numpy(), self._fit_weights)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
         return tags
+
+
+def _check_sample_weight(sample_weight, n):
+    """``sample_weight`` as float64 ``(n,)``, or None where it is None or all ones: finite,
+    non-negative, one of them positive."""
+    if sample_weight is None:
+        return None
+    if isinstance(sample_weight, numbers.Number) and not isinstance(sample_weight, bool):
+        sample_weight = np.full(n, sample_weight)
+    try:
+        w = np.array(sample_weight, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"sample_weight: expected an array of numbers, got "
+                        f"{type(sample_weight).__name__}") from e
+    if w.shape != (n,):
+        raise ValueError(f"sample_weight: expected shape ({n},), one weight per sample of X, "
+                         f"got {w.shape}")
+    if not np.isfinite(w).all():
+        raise ValueError("sample_weight: expected finite weights, got NaN or infinity")
+    if (w < 0).any():
+        raise ValueError(f"sample_weight: expected non-negative weights, got {w.min():g}")
+    if not (w > 0).any():
+        raise ValueError("sample_weight: expected at least one positive weight, got every "
+                         "weight zero")
+    return None if (w == 1.0).all() else w
 
 
 class _Grouped(NamedTuple):
@@ -969,12 +1043,15 @@ class _Rows:
     row_of_distinct: np.ndarray
     own: np.ndarray
 
+    weights: np.ndarray | None = None
+
     @classmethod
-    def distinct(cls, X2):
-        """The rows of the distinct rows of ``X2``, in an order set by their content."""
+    def distinct(cls, X2, weights=None):
+        """The rows of the distinct rows of ``X2``, in an order set by their content; each
+        sample standing for ``weights`` samples (None: one)."""
         first, inverse = unique_in_canonical_order(X2)
         return cls(first, inverse, np.arange(len(first)), np.arange(len(first)),
-                   np.zeros(0, np.int64))
+                   np.zeros(0, np.int64), weights)
 
     def reordered(self, order):
         """The distinct images taken in ``order`` (before any representative is chosen)."""
@@ -1011,13 +1088,30 @@ class _Rows:
 
     @cached_property
     def sizes(self):
-        """The samples each row stands for (int64 NumPy)."""
-        return np.bincount(self.rows_of_samples, minlength=self.n_rows)
+        """The samples each row stands for (NumPy: int64, float64 with ``weights``)."""
+        return np.bincount(self.rows_of_samples, weights=self.weights, minlength=self.n_rows)
+
+    @cached_property
+    def stored(self):
+        """The samples each distinct image stands for, how often it is stored (float64)."""
+        return np.bincount(self.inverse, weights=self.weights,
+                           minlength=self.n_distinct).astype(np.float64)
+
+    def by_size(self, labels):
+        """Each sample's label of ``labels`` (one per row, ``0..K-1``), numbered by decreasing
+        size in samples (ties: the lower label; the rows' order is set by their content, so
+        the numbering does not depend on the order of the samples)."""
+        own = labels[self.rows_of_samples]
+        size = np.bincount(own, weights=self.weights, minlength=int(labels.max()) + 1)
+        order = np.lexsort((np.arange(size.size), -size))
+        number = np.empty(size.size, dtype=np.int64)
+        number[order] = np.arange(size.size)
+        return number[own]
 
     def counts(self, Xt):
         """The samples each row stands for (a tensor like ``Xt``'s), None where each stands
         for one: a representative of duplicates weighs as all its copies."""
-        if self.n_rows >= self.n_samples:
+        if self.weights is None and self.n_rows >= self.n_samples:
             return None
         return torch.as_tensor(self.sizes, device=Xt.device, dtype=Xt.dtype)
 
