@@ -40,7 +40,10 @@ about their pieces' means measures the noise there, so detail the noise estimate
 joins nothing. Where the copies scatter less than the lowest of as many draws of the
 estimated noise (exact copies: not at all), the estimate read the images' own detail as
 noise, as it does on 8 x 8 digits: their scatter is then the noise, and the edges are tested
-again with it. The measurements behind the rule: ``docs/design/shapes.rst``.
+again with it. Where they scatter more than the largest draw, the noise joined distinct images,
+and where the alignments are refined (the grid's alone scatter copies beyond the noise) the
+edges are tested again without it. The measurements behind the rule:
+``docs/design/shapes.rst``.
 """
 
 from __future__ import annotations
@@ -327,12 +330,14 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
         if quiet is not None:
             # the copies scatter less than the lowest draw of the estimated noise: the
             # estimate read the images' own detail as noise, and the copies' scatter is the
-            # noise; the edges are tested again with it (those it leaves apart measured too)
+            # noise; or more than the largest (0): the noise joined distinct images. The
+            # edges are tested again with it (those it leaves apart measured too)
             noise = Noise(quiet, noise.power_std * quiet / noise.power)
             comp, near = _copy_components(edges, n, quiet, share, rest_min)
             close(np.flatnonzero(maybe_np & ~edges.done), k, 0, quiet)
-            comp, _ = _merge_pieces(X, comp, *near, noise, grid, copy_grid(refine_grid),
-                                    batch_size)
+            if quiet > 0:
+                comp, _ = _merge_pieces(X, comp, *near, noise, grid, copy_grid(refine_grid),
+                                        batch_size)
     if comp.max() + 1 == n:
         return None
     return first_of_each(comp)[comp]
@@ -428,8 +433,9 @@ def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_si
 
     Returns ``(comp, quiet)``: ``quiet`` is None, or with ``check_quiet``, where the copies'
     scatter (measured where a pair is left to test) is below the lowest of as many draws of
-    ``noise`` (the estimate took the images' own detail for noise), that scatter's mean, with
-    ``comp`` as given."""
+    ``noise`` (the estimate took the images' own detail for noise), that scatter's mean, and
+    where it is above the largest and the alignments are refined, 0 (the noise joined distinct
+    images), with ``comp`` as given."""
     comp = np.unique(comp, return_inverse=True)[1]
     measured = None
     while True:
@@ -457,9 +463,13 @@ def _merge_pieces(X, comp, qa, kb, excess_ab, noise, grid, refine_grid, batch_si
             # scatter would hold what joined it), and used only where it is the noise: pieces
             # that scatter more than the measured noise lets copies scatter hold distinct
             # images (their copy edges joined what the estimate could not tell apart)
-            if scatter.size == 0 or scatter.mean() > noise.power * noise.highest_share(
-                    scatter.size):
+            if scatter.size == 0:
                 return comp, None
+            if scatter.mean() > noise.power * noise.highest_share(scatter.size):
+                # where the alignments are refined, no copy scatters beyond the noise: the
+                # noise joined distinct images, and the copies are those the resampling explains
+                refined = refine_grid.refine and any(refine_grid.free)
+                return comp, (0.0 if check_quiet and refined else None)
             if check_quiet and scatter.mean() < noise.power * noise.lowest_share(scatter.size):
                 return comp, float(scatter.mean())
             measured = float(scatter.mean()), float(scatter.std())

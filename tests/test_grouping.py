@@ -530,13 +530,16 @@ def test_edges_of_small_images_are_not_taken_for_noise():
     assert not est.filter_.is_identity and abs(est.noise_std_ - 0.4) < 0.05 * 0.4
 
 
-@pytest.mark.xfail(strict=True, reason="8 x 8 digits: a turn's interpolation moves a digit about "
-                   "as far as its nearest other digit; 574 of 600 are shapes of their own")
-def test_natural_small_digits_are_shapes_of_their_own():
+@pytest.mark.parametrize("first, rotation", [(0, 20), (600, 20), (1200, 180)])
+def test_natural_small_digits_are_shapes_of_their_own(first, rotation):
+    # 8 x 8 digits, whose detail the noise estimate reads as noise: the pieces that noise
+    # joins scatter beyond it, so it joined distinct digits, and the copy edges are tested
+    # again without it
     from invariant_cluster.datasets import load_digits_images
 
-    X = load_digits_images().images[:600].astype(np.float32)
-    est = _fit(X, n_clusters=10, random_state=0, max_rotation=20, n_rotations=5)
+    X = load_digits_images().images[first:first + 600].astype(np.float32)
+    est = _fit(X, n_clusters=10, random_state=0, max_rotation=rotation,
+               n_rotations=5 if rotation == 20 else 36)
     assert est.n_shapes_ >= 0.98 * len(X)
 
 
