@@ -648,7 +648,7 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         np_dtype = X2.dtype
         n = X2.shape[0]
         out = {}
-        # labels by decreasing size, ties in the order of the input
+        # labels by decreasing size, ties in the order of the rows (set by their content)
         out["labels_"] = rows.by_size(labels)
         n_clusters = int(labels.max()) + 1
         out["n_clusters_"] = n_clusters
