@@ -332,10 +332,10 @@ def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Te
             # estimate read the images' own detail as noise, and the copies' scatter is the
             # noise; or more than the largest (0): the noise joined distinct images. The
             # edges are tested again with it (those it leaves apart measured too)
-            noise = Noise(quiet, noise.power_std * quiet / noise.power)
             comp, near = _copy_components(edges, n, quiet, share, rest_min)
             close(np.flatnonzero(maybe_np & ~edges.done), k, 0, quiet)
             if quiet > 0:
+                noise = Noise(quiet, noise.power_std * quiet / noise.power)
                 comp, _ = _merge_pieces(X, comp, *near, noise, grid, copy_grid(refine_grid),
                                         batch_size)
     if comp.max() + 1 == n:

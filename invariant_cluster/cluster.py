@@ -394,8 +394,9 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
         if weights is not None and (weights == 0).any():
             # a sample of weight 0 is left out of the fit and labelled by predict after it
             kept = np.flatnonzero(weights > 0)
-            X_all, X1 = X1, X1[kept]
-            weights = weights[kept] if (weights[kept] != 1.0).any() else None
+            X_all, X1, weights = X1, X1[kept], weights[kept]
+        if weights is not None and (weights == 1.0).all():
+            weights = None  # one sample each, as without weights
         X2, offsets = self._centred(X1, reset=True)
         dev = resolve_device(self.device)
         grid = self._grid(refine=False)
@@ -989,8 +990,8 @@ class InvariantAttentionClusterer(DaskClientMixin, SE2SearchMixin, ClusterMixin,
 
 
 def _check_sample_weight(sample_weight, n):
-    """``sample_weight`` as float64 ``(n,)``, or None where it is None or all ones: finite,
-    non-negative, one of them positive."""
+    """``sample_weight`` as float64 ``(n,)`` (None where it is None): finite, non-negative,
+    one of them positive."""
     if sample_weight is None:
         return None
     if isinstance(sample_weight, numbers.Number) and not isinstance(sample_weight, bool):
@@ -1010,7 +1011,7 @@ def _check_sample_weight(sample_weight, n):
     if not (w > 0).any():
         raise ValueError("sample_weight: expected at least one positive weight, got every "
                          "weight zero")
-    return None if (w == 1.0).all() else w
+    return w
 
 
 class _Grouped(NamedTuple):
