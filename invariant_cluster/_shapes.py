@@ -15,8 +15,12 @@ resampling and the noise put between two copies of one image, both measured on t
   noises leave no two images closer (the estimate also reads an image's own fine detail as
   noise).
 
-An edge is a copy edge when ``d_ij^2 <= e_ij^2 + noise``; the connected components of the copy
-edges are the shapes' first pieces (an exact duplicate is a copy under the identity). Where the
+An edge is a copy edge when ``d_ij^2 <= e_ij^2 + noise``, or when the resampling alone explains
+it on the pixels both frames hold (``d_ij^2 <= e_ij^2`` there, :func:`kept_distances`): two
+copies lose different parts of their image to their frames, and on those pixels, where ``e_ij``
+is measured, they hold the same part; the noise's tolerance is the whole frame's. The connected
+components of the copy edges are the shapes' first pieces (an exact duplicate is a copy under
+the identity). Where the
 fit centred the images, ``d_ij`` and ``e_ij`` are measured on the images as given, under the
 edge's alignment composed with the two centring shifts: a centred copy carries the blur of its
 own shift, and two of them differ by three interpolations where the round trip counts two. Only the
@@ -242,12 +246,31 @@ class Given(NamedTuple):
     shifts: torch.Tensor
 
 
+def kept_distances(X, qi, kj, params):
+    """``||X[qi] - T X[kj]||^2`` (float64) for the pairs ``(qi, kj)`` and their alignments
+    ``params``, on the pixels whose source the warp keeps inside ``X[kj]``'s frame, in
+    memory-bounded blocks of pairs. Two copies of one image lose different parts of it to
+    their frames; on these pixels both hold the same part."""
+    m = qi.shape[0]
+    out = torch.empty(m, dtype=torch.float64, device=X.device)
+    p = params.to(X.dtype)
+    starts, step = _blocks(m, X)
+    for s in starts:
+        sl = slice(s, s + step)
+        K = X[kj[sl]]
+        kept = fast_warp(torch.ones_like(K[:, :1]), p[sl]) >= _KEPT
+        r = (X[qi[sl]] - fast_warp(K, p[sl])) * kept
+        out[sl] = torch.linalg.vector_norm(r.reshape(r.shape[0], -1), dim=1).double().pow(2)
+    return out
+
+
 def _given_distances(given, qi, kj, params, X):
-    """``(d^2, e^2)`` of the pairs ``(qi, kj)`` on the images as given under ``params``
-    (float64), the images of each memory-bounded block of pairs made once."""
+    """``(d^2, d^2 kept, e^2)`` of the pairs ``(qi, kj)`` on the images as given under
+    ``params`` (:func:`pair_distances`, :func:`kept_distances`, :func:`alignment_residual`;
+    float64), the images of each memory-bounded block of pairs made once."""
     m = qi.shape[0]
     d2 = torch.empty(m, dtype=torch.float64, device=X.device)
-    e2 = torch.empty_like(d2)
+    k2, e2 = torch.empty_like(d2), torch.empty_like(d2)
     starts, step = _blocks(m, X)
     for s in starts:
         sl = slice(s, s + step)
@@ -256,8 +279,9 @@ def _given_distances(given, qi, kj, params, X):
         G = given.images(rows.cpu().numpy())
         lq, lk = local[:nq], local[nq:]
         d2[sl] = pair_distances(G, lq, lk, params[sl])
+        k2[sl] = kept_distances(G, lq, lk, params[sl])
         e2[sl] = alignment_residual(G, lq, lk, params[sl]).double().pow(2)
-    return d2, e2
+    return d2, k2, e2
 
 
 def find_shapes(X: torch.Tensor, D: torch.Tensor, idx: torch.Tensor, P: torch.Tensor, grid,
@@ -374,9 +398,14 @@ class _CopyEdges:
         if self.given is not None:
             c = self.given.shifts.to(device=p_pair.device, dtype=p_pair.dtype)
             p_given = compose_se2(invert_se2(c[qi]), compose_se2(p_pair, c[kj]))
-            d_pair, resampled = _given_distances(self.given, qi, kj, p_given, self.X)
+            d_pair, d_kept, resampled = _given_distances(self.given, qi, kj, p_given,
+                                                         self.X)
         else:
+            d_kept = kept_distances(self.X, qi, kj, p_pair)
             resampled = alignment_residual(self.X, qi, kj, p_pair).double().pow(2)
+        # the resampling explains the pair where it does on the pixels both frames hold,
+        # those its residual is measured on; the noise's tolerance is the whole frame's
+        d_pair = torch.where(d_kept <= resampled, torch.minimum(d_pair, resampled), d_pair)
         self.done[flat] = True
         self.parts.append((flat // self.k, kj.cpu().numpy(), d_pair.cpu().numpy(),
                            resampled.cpu().numpy()))

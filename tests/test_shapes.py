@@ -233,6 +233,62 @@ def test_natural_images_are_shapes_of_their_own():
     assert est.count_rule_ == "modularity"
 
 
+def _moved(image, dy, dx):
+    """``image`` moved by whole pixels in its frame: what leaves the frame is lost, what
+    enters it is zero (no interpolation)."""
+    out = np.zeros_like(image)
+    h, w = image.shape
+    out[max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = \
+        image[max(-dy, 0):h + min(-dy, 0), max(-dx, 0):w + min(-dx, 0)]
+    return out
+
+
+def _fields(k, seed):
+    """``k`` smooth random 28 x 28 images that fill their frames to the edges."""
+    from scipy.ndimage import gaussian_filter
+
+    rng = np.random.default_rng(seed)
+    return gaussian_filter(rng.standard_normal((k, 28, 28)), sigma=(0, 2, 2)).astype(np.float32)
+
+
+def test_the_copy_test_compares_the_pixels_both_frames_hold():
+    # two whole-pixel moves of one frame-filling image: aligned, they differ only where one
+    # frame lost what the other holds (the float64 sum below), and not at all on the pixels
+    # the warp keeps inside the moved copy's frame
+    import torch
+
+    from invariant_cluster._shapes import align, kept_distances, pair_distances
+    from invariant_cluster.search import make_search_grid
+
+    x = _fields(1, 3)[0]
+    X = torch.as_tensor(np.stack([x, _moved(x, 0, 2)])[:, None])
+    grid = make_search_grid("translation", max_translation=3, refine=False,
+                            image_shape=(1, 28, 28))
+    p = align(X[:1], X[1:], grid, grid)
+    assert torch.equal(p, torch.tensor([[0.0, -2.0, 0.0]]))
+    i, j = torch.tensor([0]), torch.tensor([1])
+    lost = float((x[:, 26:].astype(np.float64) ** 2).sum())
+    assert float(pair_distances(X, i, j, p)[0]) == pytest.approx(lost, rel=1e-4)
+    assert float(kept_distances(X, i, j, p)[0]) <= 1e-8 * lost
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the graph's whole-frame distance holds the strip one frame lost, and the edges' shortlist "
+    "(find_shapes' bound) leaves these edges unmeasured; measured, the refinement, which "
+    "minimises the whole frame's residual, pulls a 2 px move to 1.68 px"))
+@pytest.mark.parametrize("k, c, seed", [(5, 4, 0), (3, 9, 1)])
+def test_copies_that_lose_different_parts_to_the_frame_are_one_shape(k, c, seed):
+    # frame-filling images, each in c whole-pixel moves within +-2 px: copies equal on the
+    # pixels both frames hold (20 and 27 shapes)
+    moves = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)]
+    picks = np.random.default_rng(seed).permutation(len(moves))[:c]
+    X = np.stack([_moved(f, *moves[m]) for f in _fields(k, 10 + seed) for m in picks])
+    y = np.repeat(np.arange(k), c)
+    est = _fit(X, max_translation=2)
+    assert est.n_shapes_ == k and _same_partition(y, est.shape_labels_)
+    assert est.n_clusters_ == k and _same_partition(y, est.labels_)
+
+
 # ------------------------------------------------------------------ quotient invariance
 @pytest.mark.skipif(not have_data("mnist"), reason=f"MNIST not found under {DATA}")
 def test_a_fit_is_the_fit_of_its_shapes():
