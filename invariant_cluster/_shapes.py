@@ -222,16 +222,21 @@ def align(Q: torch.Tensor, K: torch.Tensor, grid, refine_grid, batch_size=None):
     return p.to(Q.dtype)
 
 
-def pair_distances(X, qi, kj, params):
+def pair_distances(X, qi, kj, params, kept=False):
     """``||X[qi] - T X[kj]||^2`` (float64) for the pairs ``(qi, kj)`` and their alignments
-    ``params`` ``(m, 3)``, or ``(m, 4)`` with mirror bits, in memory-bounded blocks of pairs."""
+    ``params`` ``(m, 3)``, or ``(m, 4)`` with mirror bits, in memory-bounded blocks of pairs;
+    with ``kept``, on the pixels whose source the warp keeps inside ``X[kj]``'s frame
+    (:func:`kept_distances`)."""
     m = qi.shape[0]
     out = torch.empty(m, dtype=torch.float64, device=X.device)
     p = params.to(X.dtype)
     starts, step = _blocks(m, X)
     for s in starts:
         sl = slice(s, s + step)
-        r = X[qi[sl]] - fast_warp(X[kj[sl]], p[sl])
+        K = X[kj[sl]]
+        r = X[qi[sl]] - fast_warp(K, p[sl])
+        if kept:
+            r = r * (fast_warp(torch.ones_like(K[:, :1]), p[sl]) >= _KEPT)
         out[sl] = torch.linalg.vector_norm(r.reshape(r.shape[0], -1), dim=1).double().pow(2)
     return out
 
@@ -248,20 +253,10 @@ class Given(NamedTuple):
 
 def kept_distances(X, qi, kj, params):
     """``||X[qi] - T X[kj]||^2`` (float64) for the pairs ``(qi, kj)`` and their alignments
-    ``params``, on the pixels whose source the warp keeps inside ``X[kj]``'s frame, in
-    memory-bounded blocks of pairs. Two copies of one image lose different parts of it to
-    their frames; on these pixels both hold the same part."""
-    m = qi.shape[0]
-    out = torch.empty(m, dtype=torch.float64, device=X.device)
-    p = params.to(X.dtype)
-    starts, step = _blocks(m, X)
-    for s in starts:
-        sl = slice(s, s + step)
-        K = X[kj[sl]]
-        kept = fast_warp(torch.ones_like(K[:, :1]), p[sl]) >= _KEPT
-        r = (X[qi[sl]] - fast_warp(K, p[sl])) * kept
-        out[sl] = torch.linalg.vector_norm(r.reshape(r.shape[0], -1), dim=1).double().pow(2)
-    return out
+    ``params``, on the pixels whose source the warp keeps inside ``X[kj]``'s frame. Two copies
+    of one image lose different parts of it to their frames; on these pixels both hold the
+    same part."""
+    return pair_distances(X, qi, kj, params, kept=True)
 
 
 def _given_distances(given, qi, kj, params, X):
