@@ -222,23 +222,31 @@ def align(Q: torch.Tensor, K: torch.Tensor, grid, refine_grid, batch_size=None):
     return p.to(Q.dtype)
 
 
-def pair_distances(X, qi, kj, params, kept=False):
+def pair_distances(X, qi, kj, params):
     """``||X[qi] - T X[kj]||^2`` (float64) for the pairs ``(qi, kj)`` and their alignments
-    ``params`` ``(m, 3)``, or ``(m, 4)`` with mirror bits, in memory-bounded blocks of pairs;
-    with ``kept``, on the pixels whose source the warp keeps inside ``X[kj]``'s frame
-    (:func:`kept_distances`)."""
+    ``params`` ``(m, 3)``, or ``(m, 4)`` with mirror bits, in memory-bounded blocks of pairs."""
+    return _distances(X, qi, kj, params)[0]
+
+
+def _distances(X, qi, kj, params, kept=False):
+    """``(d^2, d^2 kept)``: :func:`pair_distances`, and with ``kept`` the same on the pixels
+    whose source the warp keeps inside ``X[kj]``'s frame (:func:`kept_distances`; else None),
+    each pair warped once."""
     m = qi.shape[0]
     out = torch.empty(m, dtype=torch.float64, device=X.device)
+    inside = torch.empty_like(out) if kept else None
     p = params.to(X.dtype)
     starts, step = _blocks(m, X)
     for s in starts:
         sl = slice(s, s + step)
         K = X[kj[sl]]
         r = X[qi[sl]] - fast_warp(K, p[sl])
+        out[sl] = torch.linalg.vector_norm(r.reshape(r.shape[0], -1), dim=1).double().pow(2)
         if kept:
             r = r * (fast_warp(torch.ones_like(K[:, :1]), p[sl]) >= _KEPT)
-        out[sl] = torch.linalg.vector_norm(r.reshape(r.shape[0], -1), dim=1).double().pow(2)
-    return out
+            inside[sl] = torch.linalg.vector_norm(r.reshape(r.shape[0], -1),
+                                                  dim=1).double().pow(2)
+    return out, inside
 
 
 class Given(NamedTuple):
@@ -256,13 +264,13 @@ def kept_distances(X, qi, kj, params):
     ``params``, on the pixels whose source the warp keeps inside ``X[kj]``'s frame. Two copies
     of one image lose different parts of it to their frames; on these pixels both hold the
     same part."""
-    return pair_distances(X, qi, kj, params, kept=True)
+    return _distances(X, qi, kj, params, kept=True)[1]
 
 
 def _given_distances(given, qi, kj, params, X):
     """``(d^2, d^2 kept, e^2)`` of the pairs ``(qi, kj)`` on the images as given under
     ``params`` (:func:`pair_distances`, :func:`kept_distances`, :func:`alignment_residual`;
-    float64), the images of each memory-bounded block of pairs made once."""
+    float64), the images of each memory-bounded block of pairs made and warped once."""
     m = qi.shape[0]
     d2 = torch.empty(m, dtype=torch.float64, device=X.device)
     k2, e2 = torch.empty_like(d2), torch.empty_like(d2)
@@ -273,8 +281,7 @@ def _given_distances(given, qi, kj, params, X):
         rows, local = torch.unique(torch.cat([qi[sl], kj[sl]]), return_inverse=True)
         G = given.images(rows.cpu().numpy())
         lq, lk = local[:nq], local[nq:]
-        d2[sl] = pair_distances(G, lq, lk, params[sl])
-        k2[sl] = kept_distances(G, lq, lk, params[sl])
+        d2[sl], k2[sl] = _distances(G, lq, lk, params[sl], kept=True)
         e2[sl] = alignment_residual(G, lq, lk, params[sl]).double().pow(2)
     return d2, k2, e2
 
