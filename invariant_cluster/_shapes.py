@@ -65,7 +65,7 @@ from scipy.stats import gamma
 from . import _memory
 from ._duplicates import first_of_each
 from .search import candidate_search, refine_pairs
-from .transforms import compose_se2, fast_warp, invert_se2
+from .transforms import KEPT_WEIGHT, compose_se2, fast_warp, invert_se2, kept_pixels
 
 # The turn that bounds the resampling residual of any alignment, for the shortlist of edges
 # refined, in degrees (at most the searched range): bilinear interpolation blurs alike at any
@@ -73,8 +73,6 @@ from .transforms import compose_se2, fast_warp, invert_se2
 PROBE_ROTATION = 45.0
 # White-noise images drawn to measure the filtered noise's power and its spread
 _NOISE_DRAWS = 64
-# Frame pixels count as kept by a warp where it keeps at least this much of their weight
-_KEPT = 1 - 1e-3
 # The copy test measures the kNN lists' first column, then windows of as many columns as it
 # has measured: a copy's edges to the copies its group already holds are never measured
 _FIRST_WINDOW = 1
@@ -114,7 +112,7 @@ def _round_trip_residual(x, p):
     """``||x - T_p^-1 T_p x||`` on the pixels both warps keep inside the frame, per row."""
     ones = torch.ones_like(x[:, :1])
     inverse = invert_se2(p)
-    kept = fast_warp(fast_warp(ones, p), inverse) >= _KEPT
+    kept = fast_warp(fast_warp(ones, p), inverse) >= KEPT_WEIGHT
     back = fast_warp(fast_warp(x, p), inverse)
     return torch.linalg.vector_norm(((x - back) * kept).reshape(len(x), -1), dim=1)
 
@@ -243,7 +241,7 @@ def _distances(X, qi, kj, params, kept=False):
         r = X[qi[sl]] - fast_warp(K, p[sl])
         out[sl] = torch.linalg.vector_norm(r.reshape(r.shape[0], -1), dim=1).double().pow(2)
         if kept:
-            r = r * (fast_warp(torch.ones_like(K[:, :1]), p[sl]) >= _KEPT)
+            r = r * kept_pixels(K, p[sl])
             inside[sl] = torch.linalg.vector_norm(r.reshape(r.shape[0], -1),
                                                   dim=1).double().pow(2)
     return out, inside
@@ -384,6 +382,7 @@ class _CopyEdges:
         self.P = P.reshape(n * k, -1)
         self.done = np.zeros(n * k, dtype=bool)
         self.parts = []
+        self.energy = torch.linalg.vector_norm(X.flatten(1), dim=1).double().pow(2)
 
     def measure(self, flat):
         flat = np.asarray(flat, dtype=np.int64)
@@ -392,25 +391,47 @@ class _CopyEdges:
         kj = self.idx[t]
         d_pair, p_pair = self.d2[t], self.P[t]
         grid = self.refine_grid
-        if grid.refine and any(grid.free):
+        refined = grid.refine and any(grid.free)
+        if refined:
             d_ref, p_ref = refine_pairs(self.X, self.X, qi, kj, p_pair, grid)
             better = d_ref.double() < d_pair
             d_pair = torch.where(better, d_ref.double(), d_pair)
             p_pair = torch.where(better[:, None], p_ref.to(p_pair.dtype), p_pair)
+        d_whole, d_kept, resampled = self._distances(qi, kj, p_pair)
         if self.given is not None:
-            c = self.given.shifts.to(device=p_pair.device, dtype=p_pair.dtype)
-            p_given = compose_se2(invert_se2(c[qi]), compose_se2(p_pair, c[kj]))
-            d_pair, d_kept, resampled = _given_distances(self.given, qi, kj, p_given,
-                                                         self.X)
-        else:
-            d_kept = kept_distances(self.X, qi, kj, p_pair)
-            resampled = alignment_residual(self.X, qi, kj, p_pair).double().pow(2)
+            d_pair = d_whole
         # the resampling explains the pair where it does on the pixels both frames hold,
         # those its residual is measured on; the noise's tolerance is the whole frame's
-        d_pair = torch.where(d_kept <= resampled, torch.minimum(d_pair, resampled), d_pair)
+        # within the float precision of a squared distance of these images, ``eps ||x||^2``
+        # (two exact copies' distance is its rounding, as is the residual of whole-pixel moves)
+        floor = torch.finfo(self.X.dtype).eps * torch.maximum(self.energy[qi], self.energy[kj])
+        explained = d_kept <= torch.maximum(resampled, floor)
+        if refined:
+            # where the frames lose part of a pair, the whole frame's refinement moves its
+            # alignment to lose less: those it leaves unexplained are refined again on the
+            # pixels both frames hold
+            again = torch.nonzero(~explained & (d_whole > d_kept)).flatten()
+            if again.numel():
+                _, p_kept = refine_pairs(self.X, self.X, qi[again], kj[again], p_pair[again],
+                                         grid, kept=True)
+                _, d_again, e_again = self._distances(qi[again], kj[again],
+                                                      p_kept.to(p_pair.dtype))
+                explained[again] = d_again <= torch.maximum(e_again, floor[again])
+        d_pair = torch.where(explained, torch.minimum(d_pair, resampled), d_pair)
         self.done[flat] = True
         self.parts.append((flat // self.k, kj.cpu().numpy(), d_pair.cpu().numpy(),
                            resampled.cpu().numpy()))
+
+    def _distances(self, qi, kj, p):
+        """``(d^2, d^2 kept, e^2)`` of the pairs ``(qi, kj)`` under their alignments ``p`` of
+        the fit's images, on the images as given where the fit centred them (float64)."""
+        if self.given is not None:
+            c = self.given.shifts.to(device=p.device, dtype=p.dtype)
+            return _given_distances(self.given, qi, kj,
+                                    compose_se2(invert_se2(c[qi]), compose_se2(p, c[kj])),
+                                    self.X)
+        d2, k2 = _distances(self.X, qi, kj, p, kept=True)
+        return d2, k2, alignment_residual(self.X, qi, kj, p).double().pow(2)
 
     def measured(self):
         """``(qi, kj, d^2, e^2)`` of every edge measured so far (NumPy)."""

@@ -448,6 +448,17 @@ def fast_warp(images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     return out[0] if len(out) == 1 else torch.cat(out)
 
 
+# A frame pixel is kept by a warp where the warp keeps at least this much of its weight: its
+# source lies inside the frame (bilinear weights are exact to well within this)
+KEPT_WEIGHT = 1 - 1e-3
+
+
+def kept_pixels(images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """``(B, 1, H, W)`` booleans: the pixels of ``fast_warp(images, params)`` whose source lies
+    inside the frame of ``images`` ``(B, C, H, W)``, where the warp brings in no zero padding."""
+    return fast_warp(torch.ones_like(images[:, :1]), params) >= KEPT_WEIGHT
+
+
 def warp_jacobian(warped: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     """``d fast_warp(y, tau) / d tau`` from the warped image's gradient: ``(P, C H W, 3)``.
 

@@ -272,19 +272,49 @@ def test_the_copy_test_compares_the_pixels_both_frames_hold():
     assert float(kept_distances(X, i, j, p)[0]) <= 1e-8 * lost
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the graph's whole-frame distance holds the strip one frame lost, and the edges' shortlist "
-    "(find_shapes' bound) leaves these edges unmeasured; measured, the refinement, which "
-    "minimises the whole frame's residual, pulls a 2 px move to 1.68 px"))
+@pytest.mark.parametrize("dy, dx", [(0, 2), (2, -1), (-1, -2)])
+def test_the_copies_refinement_on_the_kept_pixels_finds_whole_pixel_moves(dy, dx):
+    # the whole frame's residual is lowest where the moved copy loses less of the frame (a
+    # 2 px move refined to 1.7 px); on the pixels the warp keeps, the move itself is the
+    # minimum, and the refinement's distance is the kept distance at what it returns
+    import torch
+
+    from invariant_cluster._shapes import kept_distances
+    from invariant_cluster.search import make_search_grid, refine_pairs
+
+    x = _fields(1, 3)[0]
+    X = torch.as_tensor(np.stack([x, _moved(x, dy, dx)])[:, None])
+    grid = make_search_grid("se2", max_rotation=30, n_rotations=7, max_translation=3,
+                            image_shape=(1, 28, 28))
+    i, j = torch.tensor([0]), torch.tensor([1])
+    move = torch.tensor([[0.0, -dx, -dy]])
+    start = move + torch.tensor([[3.0, 0.3, -0.3]])
+    _, whole = refine_pairs(X, X, i, j, start, grid)
+    d, kept = refine_pairs(X, X, i, j, whole, grid, kept=True)
+    assert float((whole - move).abs().max()) > 0.1
+    np.testing.assert_allclose(kept.numpy(), move.numpy(), atol=0.01)
+    assert float(d[0]) == pytest.approx(float(kept_distances(X, i, j, kept)[0]), rel=1e-3,
+                                        abs=1e-6)
+    assert float(d[0]) <= 1e-4 * float((x.astype(np.float64) ** 2).sum())
+
+
 @pytest.mark.parametrize("k, c, seed", [(5, 4, 0), (3, 9, 1)])
-def test_copies_that_lose_different_parts_to_the_frame_are_one_shape(k, c, seed):
+@pytest.mark.parametrize("noise_std", [
+    0.0,
+    pytest.param("auto", marks=pytest.mark.xfail(strict=True, reason=(
+        "the noise estimate reads the smooth fields' detail as noise (power 0.022), and its "
+        "filter makes the pixels near each frame depend on what that frame holds beyond "
+        "them: at the exact moves, kept distances of 4e-4 to 2e-3 where the resampling "
+        "leaves 0"))),
+])
+def test_copies_that_lose_different_parts_to_the_frame_are_one_shape(k, c, seed, noise_std):
     # frame-filling images, each in c whole-pixel moves within +-2 px: copies equal on the
-    # pixels both frames hold (20 and 27 shapes)
+    # pixels both frames hold (without the refinement on those pixels, 15 and 6 shapes)
     moves = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)]
     picks = np.random.default_rng(seed).permutation(len(moves))[:c]
     X = np.stack([_moved(f, *moves[m]) for f in _fields(k, 10 + seed) for m in picks])
     y = np.repeat(np.arange(k), c)
-    est = _fit(X, max_translation=2)
+    est = _fit(X, max_translation=2, noise_std=noise_std)
     assert est.n_shapes_ == k and _same_partition(y, est.shape_labels_)
     assert est.n_clusters_ == k and _same_partition(y, est.labels_)
 
