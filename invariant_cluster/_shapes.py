@@ -18,23 +18,27 @@ resampling and the noise put between two copies of one image, both measured on t
 An edge is a copy edge when ``d_ij^2 <= e_ij^2 + noise``, or when the resampling alone explains
 it on the pixels both frames hold (``d_ij^2 <= e_ij^2`` there, :func:`kept_distances`): two
 copies lose different parts of their image to their frames, and on those pixels, where ``e_ij``
-is measured, they hold the same part; the noise's tolerance is the whole frame's. The connected
-components of the copy edges are the shapes' first pieces (an exact duplicate is a copy under
-the identity). Where the
-fit centred the images, ``d_ij`` and ``e_ij`` are measured on the images as given, under the
-edge's alignment composed with the two centring shifts: a centred copy carries the blur of its
-own shift, and two of them differ by three interpolations where the round trip counts two. Only the
-edges whose grid distance can still be a copy's are refined: by the triangle inequality the
-grid leaves a copy at most ``g_j = ||x_j - T_g x_j||`` (``T_g``: half a grid step of rotation,
-half a pixel of shift) farther than the refinement, and the residual of a turn is bounded by
-the larger of the two images' residuals under a turn of ``min(45, max_rotation)`` degrees
-(:func:`resampling_residual`). Of those, only the edges that can join two groups are measured:
-the kNN lists' columns nearest first, in windows of 1, 1, 2, 4, ... columns, each measuring the
-edges between the groups the copy edges so far leave apart, then every edge between two of the
-groups the measured edges make, until none is left; where the groups leave out no edge of a
-window (no copies so far), the columns left join that window. A copy's edges to its group's
-other copies are never refined, and the noise's cap below is the shortest unexplained edge among
-those measured.
+is measured, they hold the same part; the noise's tolerance is the whole frame's. The refinement
+of the whole frame's residual moves an alignment to lose less of the frames (a 2 px move of a
+frame-filling image refined to 1.7 px); an edge it leaves unexplained where the frames lose part
+of it is refined again on the kept pixels (their residual's mean, which moving pixels out of the
+frame does not lower) and tested there; on the kept pixels, a distance within its float
+precision ``eps ||x||^2`` counts as explained (whole-pixel moves leave a residual of rounding
+alone). The connected components of the copy edges are the shapes' first pieces (an exact
+duplicate is a copy under the identity). Where the fit centred the images, ``d_ij`` and ``e_ij``
+are measured on the images as given, under the edge's alignment composed with the two centring
+shifts: a centred copy carries the blur of its own shift, and two of them differ by three
+interpolations where the round trip counts two. Only the edges whose grid distance can still be
+a copy's are refined: by the triangle inequality the grid leaves a copy at most ``g_j = ||x_j -
+T_g x_j||`` (``T_g``: half a grid step of rotation, half a pixel of shift) farther than the
+refinement, and the residual of a turn is bounded by the larger of the two images' residuals
+under a turn of ``min(45, max_rotation)`` degrees (:func:`resampling_residual`). Of those, only
+the edges that can join two groups are measured: the kNN lists' columns nearest first, in
+windows of 1, 1, 2, 4, ... columns, each measuring the edges between the groups the copy edges
+so far leave apart, then every edge between two of the groups the measured edges make, until
+none is left; where the groups leave out no edge of a window (no copies so far), the columns
+left join that window. A copy's edges to its group's other copies are never refined, and the
+noise's cap below is the shortest unexplained edge among those measured.
 
 With many noisy copies the shortest edge is the lowest of many draws of the noise, and its cap
 cuts one image's copies into pieces, or leaves them single. Two pieces an edge joins within the
