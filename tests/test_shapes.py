@@ -272,8 +272,9 @@ def test_the_copy_test_compares_the_pixels_both_frames_hold():
     assert float(kept_distances(X, i, j, p)[0]) <= 1e-8 * lost
 
 
+@pytest.mark.parametrize("mirror", [False, True])
 @pytest.mark.parametrize("dy, dx", [(0, 2), (2, -1), (-1, -2)])
-def test_the_copies_refinement_on_the_kept_pixels_finds_whole_pixel_moves(dy, dx):
+def test_the_copies_refinement_on_the_kept_pixels_finds_whole_pixel_moves(dy, dx, mirror):
     # the whole frame's residual is lowest where the moved copy loses less of the frame (a
     # 2 px move refined to 1.7 px); on the pixels the warp keeps, the move itself is the
     # minimum, and the refinement's distance is the kept distance at what it returns
@@ -283,12 +284,14 @@ def test_the_copies_refinement_on_the_kept_pixels_finds_whole_pixel_moves(dy, dx
     from invariant_cluster.search import make_search_grid, refine_pairs
 
     x = _fields(1, 3)[0]
-    X = torch.as_tensor(np.stack([x, _moved(x, dy, dx)])[:, None])
+    y = _moved(x, dy, dx)
+    # with a mirror bit, the key is stored mirrored and the bit stays as it is
+    X = torch.as_tensor(np.stack([x, y[:, ::-1] if mirror else y])[:, None].copy())
     grid = make_search_grid("se2", max_rotation=30, n_rotations=7, max_translation=3,
                             image_shape=(1, 28, 28))
     i, j = torch.tensor([0]), torch.tensor([1])
-    move = torch.tensor([[0.0, -dx, -dy]])
-    start = move + torch.tensor([[3.0, 0.3, -0.3]])
+    move = torch.tensor([[0.0, -dx, -dy] + ([1.0] if mirror else [])])
+    start = move + torch.tensor([[3.0, 0.3, -0.3] + ([0.0] if mirror else [])])
     _, whole = refine_pairs(X, X, i, j, start, grid)
     d, kept = refine_pairs(X, X, i, j, whole, grid, kept=True)
     assert float((whole - move).abs().max()) > 0.1
