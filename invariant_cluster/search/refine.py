@@ -117,7 +117,7 @@ def _normal_equations(W: torch.Tensor, params: torch.Tensor, res: torch.Tensor,
     pixels ``inside`` ``(P, F)`` (0 or 1) count where it is given."""
     Jt = warp_jacobian(W, params).transpose(1, 2)  # (P, 3, F), rows contiguous
     if inside is not None:
-        Jt = Jt * inside[:, None, :]
+        Jt.mul_(inside[:, None, :])  # a fresh buffer: no second copy of the Jacobian
     JtJ = (Jt @ Jt.transpose(1, 2)) * (mask[:, None] * mask[None, :])
     g = (Jt @ res[..., None])[..., 0] * mask
     return JtJ, g
@@ -141,7 +141,8 @@ def refine_pairs(X: torch.Tensor, Y: torch.Tensor, qi: torch.Tensor, kj: torch.T
     P = qi.shape[0]
     nf = X[0].numel()
     if max_pairs is None:
-        max_pairs = max(1, _memory.REFINE_PAIR_ELEMENTS // nf)
+        # the kept pixels' masks and their warps add about 3 images' worth to a pair's 8
+        max_pairs = max(1, _memory.REFINE_PAIR_ELEMENTS // (2 * nf if kept else nf))
     dist = torch.empty(P, dtype=X.dtype, device=X.device)
     out = torch.empty_like(params)
     with progress_bar(P, "refinement", "pair") as bar:
