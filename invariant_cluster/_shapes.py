@@ -412,9 +412,10 @@ class _CopyEdges:
         explained = d_kept <= torch.maximum(resampled, floor)
         if refined:
             # where the frames lose part of a pair, the whole frame's refinement moves its
-            # alignment to lose less: those it leaves unexplained are refined again on the
-            # pixels both frames hold
-            again = torch.nonzero(~explained & (d_whole > d_kept)).flatten()
+            # alignment to lose less, and pays for it on the kept pixels with at most what it
+            # saves (taken as at most what the frames still lose): the pairs it leaves
+            # unexplained by no more than that are refined again on the kept pixels
+            again = torch.nonzero(~explained & (d_kept - resampled <= d_whole - d_kept)).flatten()
             if again.numel():
                 _, p_kept = refine_pairs(self.X, self.X, qi[again], kj[again], p_pair[again],
                                          grid, kept=True)
