@@ -20,8 +20,8 @@ it on the pixels both frames hold (``d_ij^2 <= e_ij^2`` there, :func:`kept_dista
 copies lose different parts of their image to their frames, and on those pixels, where ``e_ij``
 is measured, they hold the same part; the noise's tolerance is the whole frame's. The refinement
 of the whole frame's residual moves an alignment to lose less of the frames (a 2 px move of a
-frame-filling image refined to 1.7 px); an edge it leaves unexplained where the frames lose part
-of it is refined again on the kept pixels (their residual's mean, which moving pixels out of the
+frame-filling image refined to 1.7 px); an edge it leaves unexplained by no more than the frames
+lose is refined again on the kept pixels (their residual's mean, which moving pixels out of the
 frame does not lower) and tested there; on the kept pixels, a distance within its float
 precision ``eps ||x||^2`` counts as explained (whole-pixel moves leave a residual of rounding
 alone). The connected components of the copy edges are the shapes' first pieces (an exact
