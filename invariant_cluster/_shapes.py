@@ -405,9 +405,9 @@ class _CopyEdges:
         if self.given is not None:
             d_pair = d_whole
         # the resampling explains the pair where it does on the pixels both frames hold,
-        # those its residual is measured on; the noise's tolerance is the whole frame's
-        # within the float precision of a squared distance of these images, ``eps ||x||^2``
-        # (two exact copies' distance is its rounding, as is the residual of whole-pixel moves)
+        # those its residual is measured on (the noise's tolerance is the whole frame's), up
+        # to the float precision of a squared distance of these images, ``eps ||x||^2``: two
+        # exact copies' distance is its rounding, as is the residual of whole-pixel moves
         floor = torch.finfo(self.X.dtype).eps * torch.maximum(self.energy[qi], self.energy[kj])
         explained = d_kept <= torch.maximum(resampled, floor)
         if refined:
